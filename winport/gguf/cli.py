@@ -1,0 +1,85 @@
+"""Command-line pieces: ``info`` (like gguf-dump, plus the SGLang name each tensor maps to) and
+``dump`` (one tensor, dequantized, to .npy). The lead wires these into ``winport gguf``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from .reader import GGUFError, open_gguf
+
+
+def _short(v: Any, width: int = 60) -> str:
+    if isinstance(v, np.ndarray):
+        head = ", ".join(map(str, v[:8].tolist()))
+        return f"[{head}{', ...' if v.size > 8 else ''}] ({v.dtype}, {v.size})"
+    if isinstance(v, list):
+        head = ", ".join(repr(x) for x in v[:5])
+        return f"[{head}{', ...' if len(v) > 5 else ''}] ({len(v)} items)"
+    s = repr(v)
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def info_main(argv: list[str] | None = None) -> int:
+    """``info FILE [--no-tensors]``: metadata, tensors (type, shape, bytes) and their SGLang names."""
+    ap = argparse.ArgumentParser(prog="winport gguf info", description=info_main.__doc__)
+    ap.add_argument("file")
+    ap.add_argument("--no-tensors", action="store_true", help="metadata only")
+    args = ap.parse_args(argv)
+    from . import names
+
+    try:
+        with open_gguf(args.file) as m:
+            print(f"# {args.file}: {len(m.paths)} file(s), GGUF v{m.files[0].version}, {len(m.metadata)} keys, {len(m)} tensors")
+            for k, v in m.metadata.items():
+                print(f"{k:50s} {_short(v)}")
+            n_layers = names.n_layers_from_metadata(m.metadata, m.tensors)
+            plan = names.plan_names(m.tensors, n_layers)
+            types = Counter(t.type_name for t in m)
+            total = sum(t.nbytes for t in m)
+            print(f"# types: {dict(types)}; {total / 2**30:.2f} GiB of tensor data")
+            if not args.no_tensors:
+                for t in m:
+                    mp = plan.mapped.get(t.name)
+                    target = f"{mp.target} [{mp.role}]" if mp else "(unmapped)"
+                    print(f"{t.name:45s} {t.type_name:12s} {str(list(t.shape)):24s} {t.nbytes:>14d}  -> {target}")
+            if plan.unknown:
+                print(f"# {len(plan.unknown)} unmapped tensor(s): {', '.join(plan.unknown[:20])}{' ...' if len(plan.unknown) > 20 else ''}")
+            if plan.missing:
+                print(f"# {len(plan.missing)} required tensor(s) missing: {', '.join(plan.missing[:20])}{' ...' if len(plan.missing) > 20 else ''}")
+    except GGUFError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def dump_main(argv: list[str] | None = None) -> int:
+    """``dump FILE TENSOR --npy OUT``: write one tensor, dequantized to float32, as .npy."""
+    ap = argparse.ArgumentParser(prog="winport gguf dump", description=dump_main.__doc__)
+    ap.add_argument("file")
+    ap.add_argument("tensor")
+    ap.add_argument("--npy", required=True, help="output .npy path")
+    args = ap.parse_args(argv)
+    try:
+        with open_gguf(args.file) as m:
+            t = m[args.tensor]
+            arr = t.dequantize(np.float32)
+            np.save(args.npy, arr)
+            print(f"{t.name}: {t.type_name} {list(t.shape)} -> {args.npy}")
+    except GGUFError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``info`` / ``dump``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in ("info", "dump"):
+        print("usage: python -m winport.gguf {info FILE | dump FILE TENSOR --npy OUT}", file=sys.stderr)
+        return 2
+    return info_main(argv[1:]) if argv[0] == "info" else dump_main(argv[1:])
