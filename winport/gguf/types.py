@@ -166,3 +166,8 @@ SCALAR_VALUE_DTYPES: dict[int, str] = {
     GGUFValueType.INT64: "<i8",
     GGUFValueType.FLOAT64: "<f8",
 }
+
+# Where this table deliberately differs from gguf-py 0.19.0's GGML_QUANT_SIZES: gguf-py lists
+# Q8_1 at 40 bytes (float d and s); ggml's block_q8_1 holds two halves, 36 bytes. Q8_1 is a
+# runtime-only type that files do not contain.
+GGML_QUANT_SIZES_EXCEPTIONS = frozenset({"Q8_1"})
