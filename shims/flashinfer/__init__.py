@@ -1,0 +1,8 @@
+"""Shim for `flashinfer` (flashinfer-python): the functions SGLang calls, on PyTorch and Triton.
+
+Only implemented, tested functions are exported; any other name raises an error naming it.
+"""
+
+from shims._missing import missing_getattr
+
+__getattr__ = missing_getattr("flashinfer", "flashinfer-python")

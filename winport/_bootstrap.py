@@ -1,0 +1,21 @@
+"""Run at every interpreter start of the venv, from the `winport_shims.pth` file.
+
+Installs Windows emulation (only when WINPORT_EMULATE_WINDOWS=1) and then the shim finder, so
+that SGLang's spawned children resolve `sgl_kernel` & co. exactly as the parent does. Any error
+here is printed, never raised: a broken .pth must not make the venv's Python unusable.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def activate() -> None:
+    """Install emulation and the shim finder in this interpreter."""
+    try:
+        from winport import shimloader, winemu
+
+        winemu.install()
+        shimloader.install()
+    except Exception as exc:  # noqa: BLE001 - see module docstring
+        print(f"winport: shim bootstrap failed: {exc!r}", file=sys.stderr)

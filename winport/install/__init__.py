@@ -1,0 +1,1 @@
+"""The installer (standard library only)."""

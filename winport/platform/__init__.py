@@ -1,0 +1,1 @@
+"""SGLang plugin entry points: the hardware platform and the hooks (registered in pyproject.toml)."""
