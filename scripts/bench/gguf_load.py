@@ -1,0 +1,206 @@
+"""GGUF load benchmark: load throughput vs a plain sequential read, and peak RSS while loading.
+
+Writes (once) a synthetic DeepSeek-V4.1-named GGUF of about ``--gib`` GiB (Q8_0 dense, MXFP4
+experts, F32 norms), warms the page cache, then in the same run measures
+  1. a plain sequential read of the file (readinto a reused buffer): the I/O roofline;
+  2. winport.gguf.load_gguf_model(...).weights() converting everything and keeping every output
+     tensor (the "final resident weights"), timed per role;
+  3. peak RSS during 2 (VmHWM, reset before the load) against final resident weights + the largest
+     output tensor; the goal is <= 1.2x.
+Usage: python scripts/bench/gguf_load.py [--gib 3] [--path /tmp/winport_bench.gguf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import struct
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from winport.gguf.types import GGML_TYPES_BY_NAME  # noqa: E402
+
+H, QL, OL, E, IM = 2048, 512, 1024, 32, 1024  # hidden, q_lora, o_lora, experts, moe inter
+
+
+def _layer_tensors(i: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    b = f"blk.{i}."
+    return [
+        (b + "attn_norm.weight", "F32", (H,)),
+        (b + "attn_sinks.weight", "F32", (16,)),
+        (b + "attn_q_a.weight", "Q8_0", (QL, H)),
+        (b + "attn_q_a_norm.weight", "F32", (QL,)),
+        (b + "attn_q_b.weight", "Q8_0", (16 * 256, QL)),
+        (b + "attn_kv.weight", "Q8_0", (256, H)),
+        (b + "attn_kv_a_norm.weight", "F32", (256,)),
+        (b + "attn_output_a.weight", "Q8_0", (OL, 2048)),
+        (b + "attn_output_b.weight", "Q8_0", (H, OL)),
+        (b + "hc_attn_fn.weight", "F32", (24, 4 * H)),
+        (b + "hc_attn_base.weight", "F32", (24,)),
+        (b + "hc_attn_scale.weight", "F32", (3,)),
+        (b + "hc_ffn_fn.weight", "F32", (24, 4 * H)),
+        (b + "hc_ffn_base.weight", "F32", (24,)),
+        (b + "hc_ffn_scale.weight", "F32", (3,)),
+        (b + "ffn_norm.weight", "F32", (H,)),
+        (b + "ffn_gate_inp.weight", "F32", (E, H)),
+        (b + "ffn_gate_exps.weight", "MXFP4", (E, IM, H)),
+        (b + "ffn_up_exps.weight", "MXFP4", (E, IM, H)),
+        (b + "ffn_down_exps.weight", "MXFP4", (E, H, IM)),
+        (b + "ffn_gate_shexp.weight", "Q8_0", (IM, H)),
+        (b + "ffn_up_shexp.weight", "Q8_0", (IM, H)),
+        (b + "ffn_down_shexp.weight", "Q8_0", (H, IM)),
+    ]
+
+
+def _nbytes(tname: str, shape: tuple[int, ...]) -> int:
+    info = GGML_TYPES_BY_NAME[tname]
+    return int(np.prod(shape)) // info.block_size * info.type_size
+
+
+def write_bench_gguf(path: Path, gib: float) -> None:
+    """Stream a synthetic V4.1-named GGUF to ``path`` (never more than one chunk in memory)."""
+    per_layer = sum(_nbytes(t, s) for _, t, s in _layer_tensors(0))
+    n_layers = max(1, int(gib * 2**30 // per_layer))
+    tensors = [("token_embd.weight", "Q8_0", (32768, H)), ("output_norm.weight", "F32", (H,)),
+               ("output.weight", "Q8_0", (32768, H))]
+    for i in range(n_layers):
+        tensors += _layer_tensors(i)
+    kv = {"general.architecture": "deepseek41", "deepseek41.block_count": n_layers}
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv))
+    for k, v in kv.items():
+        kb = k.encode()
+        head += struct.pack("<Q", len(kb)) + kb
+        if isinstance(v, str):
+            vb = v.encode()
+            head += struct.pack("<IQ", 8, len(vb)) + vb
+        else:
+            head += struct.pack("<II", 4, v)
+    off = 0
+    for name, tname, shape in tensors:
+        nb = name.encode()
+        dims = tuple(reversed(shape))
+        head += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}Q", *dims)
+        head += struct.pack("<IQ", GGML_TYPES_BY_NAME[tname].id, off)
+        off += -(-_nbytes(tname, shape) // 32) * 32
+    head += b"\0" * ((-len(head)) % 32)
+    rng = np.random.default_rng(0)
+    pool = {}
+    for tname in ("F32", "Q8_0", "MXFP4"):
+        info = GGML_TYPES_BY_NAME[tname]
+        nblk = (16 << 20) // info.type_size
+        if tname == "F32":
+            pool[tname] = rng.standard_normal(nblk).astype(np.float32).view(np.uint8)
+            continue
+        raw = rng.integers(0, 256, (nblk, info.type_size), dtype=np.uint8)
+        if tname == "Q8_0":
+            raw[:, 0:2] = np.full(nblk, 0.01, np.float16).view(np.uint8).reshape(nblk, 2)
+        else:
+            raw[:, 0] = rng.integers(115, 130, nblk, dtype=np.uint8)
+        pool[tname] = raw.reshape(-1)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(head)
+        for _name, tname, shape in tensors:
+            n = _nbytes(tname, shape)
+            src = pool[tname]
+            left = n
+            while left:
+                k = min(left, src.size)
+                fh.write(src[:k].tobytes())
+                left -= k
+            fh.write(b"\0" * ((-n) % 32))
+    tmp.replace(path)
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def sequential_read(path: Path, chunk: int = 16 << 20) -> tuple[int, float]:
+    """Plain read of the whole file into one reused buffer: (bytes, seconds)."""
+    buf = bytearray(chunk)
+    mv = memoryview(buf)
+    n = 0
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            k = fh.readinto(mv)
+            if not k:
+                break
+            n += k
+    return n, time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, default=3.0)
+    ap.add_argument("--path", default="/tmp/winport_bench_v41.gguf")
+    args = ap.parse_args()
+    path = Path(args.path)
+    if not path.exists():
+        t0 = time.perf_counter()
+        write_bench_gguf(path, args.gib)
+        print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f}s")
+    size = path.stat().st_size
+    sequential_read(path)  # warm the page cache
+    nbytes, t_read = sequential_read(path)
+    read_gbs = nbytes / t_read / 1e9
+
+    import torch  # noqa: F401  (imported before the baseline so its RSS is not counted)
+
+    from winport.gguf import load_gguf_model
+
+    lm = load_gguf_model(path, draft=False, mmproj=False)
+    base_rss = _status("VmRSS")
+    try:  # reset the peak-RSS counter (Linux >= 4.0)
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+    kept: dict[str, object] = {}
+    role_of = {m.target: m.role for m in lm.plan.mapped.values()}
+    role_time: dict[str, float] = defaultdict(float)
+    src_bytes = {m.role: 0 for m in lm.plan.mapped.values()}
+    for g, m in lm.plan.mapped.items():
+        src_bytes[m.role] += lm.model[g].nbytes
+    largest = 0
+    t0 = time.perf_counter()
+    t_prev = t0
+    for name, tensor in lm.weights(progress=False):
+        now = time.perf_counter()
+        base = name.rsplit(".", 1)[0]
+        role = role_of.get(name) or role_of.get(base + ".weight") or ("experts" if ".experts." in name else "fp8")
+        role_time[role] += now - t_prev
+        kept[name] = tensor
+        largest = max(largest, tensor.numel() * tensor.element_size())
+        t_prev = time.perf_counter()
+    t_load = time.perf_counter() - t0
+    peak = _status("VmHWM") - base_rss
+    final = sum(t.numel() * t.element_size() for t in kept.values())
+    loaded_src = lm.total_bytes()
+    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}")
+    print(f"file: {size / 1e9:.2f} GB, {len(lm.model)} tensors")
+    print(f"sequential read (page cache): {read_gbs:.2f} GB/s")
+    print(f"load+convert all: {loaded_src / t_load / 1e9:.2f} GB/s of GGUF bytes ({t_load:.1f} s), "
+          f"{loaded_src / t_load / 1e9 / read_gbs * 100:.0f}% of sequential read")
+    for role, t in sorted(role_time.items()):
+        print(f"  {role:8s} {src_bytes.get(role, 0) / 1e9:6.2f} GB in {t:6.1f} s = {src_bytes.get(role, 0) / max(t, 1e-9) / 1e9:.2f} GB/s")
+    print(f"peak RSS during load (above baseline): {peak / 1e9:.2f} GB; final resident weights {final / 1e9:.2f} GB; "
+          f"largest tensor {largest / 1e6:.1f} MB; ratio {peak / (final + largest):.3f} (goal <= 1.2)")
+    lm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
