@@ -1,0 +1,383 @@
+"""FP8 (e4m3) block-scaled GEMM: prefill GEMM and the decode GEMV / split-K path (M <= 16).
+
+Replaces, for the port: DeepGEMM's `fp8_gemm_nt` (through shims/deep_gemm/gemm.py) and is the kernel
+behind sgl_kernel's fp8 blockwise GEMM entry points (the sgl_kernel shim calls `fp8_block_gemm`).
+
+Public API
+----------
+`fp8_block_gemm(a_fp8, a_scale, b_fp8, b_scale, block_size, out_dtype=torch.bfloat16, *, out=None,
+c=None) -> Tensor`
+    out[m, n] = sum_k (a_fp8[m, k] * a_scale[m, k // bk]) * (b_fp8[n, k] * b_scale[n // bn, k // bk])
+    (+ c[m, n]); the "NT" layout: both operands K-contiguous, out = A @ B^T.
+
+    - a_fp8 [M, K] float8_e4m3fn, any strides (K-contiguous is fastest).
+    - a_scale [M, ceil(K / bk)] float32: one scale per token per group of bk along K (what
+      `per_token_group_quant_fp8` produces, row- or column-major: strides are honoured).
+    - b_fp8 [N, K] float8_e4m3fn (a linear layer's weight).
+    - b_scale [ceil(N / bn), ceil(K / bk)] float32 (`weight_scale_inv`); bn = 1 gives per-row scales.
+    - block_size (bn, bk): V4.1-Flash dense weights use (32, 32), V4 and sgl-kernel's tests (128, 128).
+    - Leading batch dimensions are allowed (same on all operands), used by `fp8_einsum`.
+    CUDA -> Triton; any other device -> `fp8_block_gemm_reference` (plain torch, also the CPU path).
+
+`fp8_block_gemm_reference(...)`: same arguments, dequantize + fp32 matmul (N processed in chunks so
+    a 25600 x 6144 weight never materialises as one fp32 copy).
+
+`unpack_ue8m0_scales(sf, num_groups)`: DeepGEMM's packed UE8M0 scales (int32 holding four exponent
+    bytes, lowest byte = lowest K group) -> float32 powers of two [..., num_groups].
+
+Kernel notes (why it looks like this)
+- Decode (M <= 16) is bound by reading the weight once: a 16-row tile, split-K over many CTAs, and a
+  "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is launched;
+  the counters reset themselves, which keeps the path CUDA-graph safe.
+- Two inner-loop modes: FP8 dot (tile K == scale group, per-group rescale of the fp32 partial) and
+  DEQUANT (tile K spans several groups: both tiles are scaled in fp32, rounded to bf16 and multiplied
+  on bf16 tensor cores). DEQUANT is also the path for GPUs without FP8 MMA (< SM89).
+- No Hopper-only features (no TMA / wgmma-specific APIs): SM89/SM120 users run the same code.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+try:  # Triton is optional on the CPU path (the reference needs only torch).
+    import triton
+    import triton.language as tl
+
+    _HAVE_TRITON = True
+except ImportError:  # pragma: no cover - exercised only on installs without triton
+    _HAVE_TRITON = False
+
+FP8_DTYPE = torch.float8_e4m3fn
+_SMALL_M = 16  # the decode path: one 16-row tile covers the whole batch
+
+
+# --------------------------------------------------------------------------------------------
+# Scale helpers
+# --------------------------------------------------------------------------------------------
+def unpack_ue8m0_scales(sf: torch.Tensor, num_groups: int | None = None) -> torch.Tensor:
+    """DeepGEMM packed UE8M0 scales -> float32.
+
+    `sf` is int32 [..., mn, ceil(groups / 4)] (any strides: DeepGEMM keeps it MN-major and
+    TMA-aligned); byte j of each int32 is the biased exponent e of group 4*i + j and the scale is
+    2^(e - 127). Returns [..., mn, num_groups] float32 (contiguous).
+    """
+    if sf.dtype != torch.int32:
+        raise TypeError(f"packed UE8M0 scales must be int32, got {sf.dtype}")
+    parts = [((sf >> (8 * j)) & 0xFF) for j in range(4)]
+    e = torch.stack(parts, dim=-1).flatten(-2)  # [..., mn, 4 * packs], group order preserved
+    out = torch.exp2(e.to(torch.float32) - 127.0)
+    if num_groups is not None:
+        out = out[..., :num_groups]
+    return out.contiguous()
+
+
+def _expand_scale(s: torch.Tensor, rows: int, cols: int, rb: int, cb: int) -> torch.Tensor:
+    """[ceil(rows/rb), ceil(cols/cb)] block scales -> [rows, cols] (last two dims)."""
+    s = s.to(torch.float32)
+    if rb > 1:
+        s = s.repeat_interleave(rb, dim=-2)
+    if cb > 1:
+        s = s.repeat_interleave(cb, dim=-1)
+    return s[..., :rows, :cols]
+
+
+def _check(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+           block_size: tuple[int, int]) -> tuple[int, int, int, int, int]:
+    bn, bk = int(block_size[0]), int(block_size[1])
+    if a.dim() < 2 or a.dim() != b.dim():
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must have the same rank >= 2")
+    m, k = a.shape[-2:]
+    n, k2 = b.shape[-2:]
+    if k != k2:
+        raise ValueError(f"K mismatch: a {tuple(a.shape)} vs b {tuple(b.shape)}")
+    kg = -(-k // bk)
+    if tuple(a_scale.shape[-2:]) != (m, kg):
+        raise ValueError(f"a_scale {tuple(a_scale.shape)} != (..., {m}, {kg}) for block_k {bk}")
+    if tuple(b_scale.shape[-2:]) != (-(-n // bn), kg):
+        raise ValueError(f"b_scale {tuple(b_scale.shape)} != (..., {-(-n // bn)}, {kg}) for {block_size}")
+    return m, n, k, bn, bk
+
+
+# --------------------------------------------------------------------------------------------
+# Reference (plain torch): the CPU serving path and the test oracle's twin
+# --------------------------------------------------------------------------------------------
+def fp8_block_gemm_reference(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tensor,
+                             b_scale: torch.Tensor, block_size: tuple[int, int],
+                             out_dtype: torch.dtype = torch.bfloat16, *, out: torch.Tensor | None = None,
+                             c: torch.Tensor | None = None) -> torch.Tensor:
+    """Dequantize to fp32 and matmul (see module docstring for layouts). Works on any device."""
+    m, n, k, bn, bk = _check(a_fp8, a_scale, b_fp8, b_scale, block_size)
+    a_deq = a_fp8.to(torch.float32) * _expand_scale(a_scale, m, k, 1, bk)
+    batch = a_fp8.shape[:-2]
+    acc = torch.empty(*batch, m, n, dtype=torch.float32, device=a_fp8.device)
+    # ~64 MiB of dequantized weight per chunk: bounded memory on the CPU serving path.
+    chunk = max(bn, ((1 << 24) // max(k, 1)) // bn * bn)
+    for n0 in range(0, n, chunk):
+        n1 = min(n, n0 + chunk)
+        sb = b_scale[..., n0 // bn: -(-n1 // bn), :]
+        b_deq = b_fp8[..., n0:n1, :].to(torch.float32) * _expand_scale(sb, n1 - n0, k, bn, bk)
+        acc[..., n0:n1] = torch.matmul(a_deq, b_deq.transpose(-1, -2))
+    if c is not None:
+        acc += c.to(torch.float32)
+    if out is None:
+        return acc.to(out_dtype)
+    out.copy_(acc)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernel
+# --------------------------------------------------------------------------------------------
+if _HAVE_TRITON:
+
+    @triton.jit
+    def _round_bf16(x):
+        """fp32 -> nearest-even bf16 value, kept in fp32 (interpreter stand-in for .to(bf16))."""
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _fp8_block_gemm_kernel(
+        a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
+        M, N, K, iters_per_split,
+        s_ab, s_am, s_ak, s_bb, s_bn, s_bk,
+        s_asb, s_asm, s_ask, s_bsb, s_bsn, s_bsk,
+        s_cb, s_cm, s_cn, s_db, s_dm, s_dn,
+        GN: tl.constexpr, GK: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+        DEQUANT: tl.constexpr, UPCAST: tl.constexpr, HAS_C: tl.constexpr, F32_DOT: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        bat = tl.program_id(2).to(tl.int64)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        num_pid_n = tl.cdiv(N, BLOCK_N)
+        # Grouped tile order: neighbouring CTAs share B columns in L2 (prefill).
+        in_group = GROUP_M * num_pid_n
+        first_m = (pid // in_group) * GROUP_M
+        group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % group_m
+        pid_n = (pid % in_group) // group_m
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = offs_m < M
+        n_mask = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        kg_total = tl.cdiv(K, GK)
+
+        a_base = a_ptr + bat * s_ab + offs_m[:, None] * s_am
+        b_base = b_ptr + bat * s_bb + offs_n[None, :] * s_bn
+        as_base = as_ptr + bat * s_asb + offs_m * s_asm
+        bs_base = bs_ptr + bat * s_bsb + (offs_n // GN) * s_bsn
+
+        k_iters = tl.cdiv(K, BLOCK_K)
+        it0 = pid_k * iters_per_split
+        it1 = tl.minimum(it0 + iters_per_split, k_iters)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for it in range(it0, it1):
+            kk = it * BLOCK_K + offs_k
+            k_mask = kk < K
+            a = tl.load(a_base + kk[None, :] * s_ak, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_base + kk[:, None] * s_bk, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            if DEQUANT:
+                # Tile K spans BLOCK_K // GK scale groups: scale both tiles in fp32 and multiply on
+                # bf16 tensor cores (one rescale per element instead of one per output per group).
+                KG: tl.constexpr = BLOCK_K // GK
+                g = it * KG + tl.arange(0, KG)
+                g_mask = g < kg_total
+                sa = tl.load(as_base[:, None] + g[None, :] * s_ask, mask=m_mask[:, None] & g_mask[None, :],
+                             other=0.0)
+                sb = tl.load(bs_base[None, :] + g[:, None] * s_bsk, mask=g_mask[:, None] & n_mask[None, :],
+                             other=0.0)
+                sa_full = tl.reshape(tl.broadcast_to(sa[:, :, None], (BLOCK_M, KG, GK)), (BLOCK_M, BLOCK_K))
+                sb_full = tl.reshape(tl.broadcast_to(sb[:, None, :], (KG, GK, BLOCK_N)), (BLOCK_K, BLOCK_N))
+                a_f = a.to(tl.float32) * sa_full
+                b_f = b.to(tl.float32) * sb_full
+                if F32_DOT:
+                    # Triton's interpreter mis-multiplies bf16 dots and truncates fp32 -> bf16:
+                    # round to bf16 by hand (nearest-even, as the GPU does) and multiply in fp32
+                    # (products of bf16 values are exact in fp32).
+                    acc += tl.dot(_round_bf16(a_f), _round_bf16(b_f), out_dtype=tl.float32)
+                else:
+                    acc += tl.dot(a_f.to(tl.bfloat16), b_f.to(tl.bfloat16), out_dtype=tl.float32)
+            else:
+                # BLOCK_K == GK: exact FP8 products, one fp32 rescale per scale group.
+                g = it
+                sa = tl.load(as_base + g * s_ask, mask=m_mask, other=0.0)
+                sb = tl.load(bs_base + g * s_bsk, mask=n_mask, other=0.0)
+                if UPCAST:
+                    a = a.to(tl.bfloat16)
+                    b = b.to(tl.bfloat16)
+                part = tl.dot(a, b, out_dtype=tl.float32)
+                acc += part * sa[:, None] * sb[None, :]
+
+        out_mask = m_mask[:, None] & n_mask[None, :]
+        d_ptrs = d_ptr + bat * s_db + offs_m[:, None] * s_dm + offs_n[None, :] * s_dn
+        if SPLIT_K == 1:
+            if HAS_C:
+                acc += tl.load(c_ptr + bat * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn,
+                               mask=out_mask, other=0.0).to(tl.float32)
+            tl.store(d_ptrs, acc.to(d_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            # Split-K: write the fp32 partial, then the last CTA to arrive on this tile sums all
+            # partials and writes the output (no second kernel launch on the decode path).
+            num_tiles = num_pid_m * num_pid_n
+            tile = (bat * num_tiles + pid_m * num_pid_n + pid_n)
+            mn = M * N
+            ws_tile = ws_ptr + bat * SPLIT_K * mn + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(ws_tile + pid_k * mn, acc, mask=out_mask)
+            tl.debug_barrier()  # every warp's partial is issued before the release below
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(SPLIT_K):
+                    # .cg: read through L2, not a stale L1 line, what the other CTAs wrote.
+                    total += tl.load(ws_tile + s * mn, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_C:
+                    total += tl.load(c_ptr + bat * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn,
+                                     mask=out_mask, other=0.0).to(tl.float32)
+                tl.store(d_ptrs, total.to(d_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)  # self-reset: ready for the next call / graph replay
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One launch configuration (block sizes in elements)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
+    dequant: bool
+    group_m: int = 8
+
+
+_COUNTER_SLOTS = 1 << 16
+
+
+@functools.cache
+def _counters(device: torch.device) -> torch.Tensor:
+    """Per-device arrival counters for the split-K epilogue; zero at rest (each use resets)."""
+    return torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _has_fp8_mma(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.device,
+                   batch: int = 1) -> GemmConfig:
+    """Heuristic launch configuration (tuned on the H200 with scripts/bench/gemm.py).
+
+    Decode: a 16-row tile, wide N tiles and enough K splits for ~4 waves of CTAs so the whole
+    weight streams at copy bandwidth. Prefill: 128 x 128 tiles; groups smaller than 64 use the
+    DEQUANT mode so the tensor-core K step stays 64 wide.
+    """
+    env = os.environ.get("WINPORT_FP8_GEMM_CONFIG")  # bench/tuning override: "bm,bn,bk,split,w,s,dq"
+    if env:
+        f = [int(x) for x in env.split(",")]
+        return GemmConfig(f[0], f[1], f[2], f[3], f[4], f[5], bool(f[6]))
+    fp8_ok = device.type != "cuda" or _has_fp8_mma(device)
+    if m <= _SMALL_M:
+        if fp8_ok and bk >= 128:
+            block_k, dequant = bk, False
+        else:  # small groups (V4.1's 32): 128-wide K steps, scales applied while dequantizing
+            block_k, dequant = max(bk, 128), True
+        block_n = 64
+        k_iters = -(-k // block_k)
+        tiles = -(-n // block_n) * batch
+        sms = _num_sms(device) if device.type == "cuda" else 1
+        split = max(1, min(k_iters, (4 * sms) // max(tiles, 1), 16))
+        return GemmConfig(16, block_n, block_k, split, 4, 4, dequant, 1)
+    block_m = 64 if m <= 64 else 128
+    if bk >= 64 and fp8_ok:
+        return GemmConfig(block_m, 128, bk, 1, 8 if block_m == 128 else 4, 3, False)
+    return GemmConfig(block_m, 128, max(64, bk), 1, 8 if block_m == 128 else 4, 3, True)
+
+
+def _fp8_block_gemm_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                           bn: int, bk: int, out: torch.Tensor, c: torch.Tensor | None,
+                           cfg: GemmConfig | None) -> torch.Tensor:
+    m, k = a.shape[-2:]
+    n = b.shape[-2]
+    batch = 1
+    if a.dim() == 3:
+        batch = a.shape[0]
+    elif a.dim() != 2:
+        raise ValueError("the Triton path supports at most one batch dimension")
+    if cfg is None:
+        cfg = default_config(m, n, k, bn, bk, a.device, batch)
+    if cfg.dequant and cfg.block_k % bk:
+        raise ValueError(f"block_k {cfg.block_k} must be a multiple of the scale group {bk}")
+    if not cfg.dequant and cfg.block_k != bk:
+        raise ValueError("the FP8-dot mode needs block_k == scale group")
+    num_tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    k_iters = -(-k // cfg.block_k)
+    split = max(1, min(cfg.split_k, k_iters))
+    if split > 1 and num_tiles * batch > _COUNTER_SLOTS:
+        split = 1
+    iters_per_split = -(-k_iters // split)
+    split = -(-k_iters // iters_per_split)  # no empty splits
+    upcast = not _has_fp8_mma(a.device) if a.is_cuda else False
+
+    def s3(t: torch.Tensor | None) -> tuple[int, int, int]:
+        if t is None:
+            return (0, 0, 0)
+        return (t.stride(0), t.stride(1), t.stride(2)) if t.dim() == 3 else (0, t.stride(0), t.stride(1))
+
+    ws = torch.empty(batch * split * m * n if split > 1 else 1, dtype=torch.float32, device=a.device)
+    cnt = _counters(a.device) if split > 1 else ws
+    grid = (num_tiles, split, batch)
+    _fp8_block_gemm_kernel[grid](
+        a, b, a_scale, b_scale, c if c is not None else out, out, ws, cnt,
+        m, n, k, iters_per_split,
+        *s3(a), *s3(b), *s3(a_scale), *s3(b_scale), *s3(c), *s3(out),
+        GN=bn, GK=bk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        SPLIT_K=split, GROUP_M=cfg.group_m, DEQUANT=cfg.dequant, UPCAST=upcast, HAS_C=c is not None,
+        F32_DOT=os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def _use_triton(t: torch.Tensor) -> bool:
+    if not _HAVE_TRITON:
+        return False
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tensor, b_scale: torch.Tensor,
+                   block_size: tuple[int, int] | list[int], out_dtype: torch.dtype = torch.bfloat16, *,
+                   out: torch.Tensor | None = None, c: torch.Tensor | None = None,
+                   config: GemmConfig | None = None) -> torch.Tensor:
+    """Block-scaled FP8 GEMM `out = dequant(a) @ dequant(b)^T (+ c)`; layouts in the module docstring.
+
+    Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
+    `out`, when given, is written in place (any strides) and returned.
+    """
+    bs = (int(block_size[0]), int(block_size[1]))
+    m, n, _, _, _ = _check(a_fp8, a_scale, b_fp8, b_scale, bs)
+    if a_scale.dtype != torch.float32 or b_scale.dtype != torch.float32:
+        a_scale, b_scale = a_scale.float(), b_scale.float()
+    if not _use_triton(a_fp8):
+        return fp8_block_gemm_reference(a_fp8, a_scale, b_fp8, b_scale, bs, out_dtype, out=out, c=c)
+    if out is None:
+        out = torch.empty(*a_fp8.shape[:-2], m, n, dtype=out_dtype, device=a_fp8.device)
+    if m == 0 or n == 0:
+        return out
+    return _fp8_block_gemm_triton(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c, config)

@@ -1,0 +1,210 @@
+"""FP8 block-scaled GEMM / GEMV / einsum (kernels_triton.fp8_gemm, fp8_einsum, shims.deep_gemm.gemm).
+
+Oracle: float64 matmul of the dequantized inputs, computed here from the definition. Tolerance as
+sgl-kernel's fp8 blockwise GEMM test (rtol 0.02, atol 1) plus a relative Frobenius error bound
+(8e-3: bf16 output rounding and the DEQUANT mode's bf16 operands give up to ~5e-3; a 1% scale
+error fails), since atol 1 alone would accept a kernel that is wrong on small outputs. Outputs are poisoned
+with NaN first and NaN never compares equal.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernels_triton.fp8_gemm import fp8_block_gemm, fp8_block_gemm_reference, unpack_ue8m0_scales
+from tests.helpers import run_python
+
+FP8 = torch.float8_e4m3fn
+V41_SHAPES = [(25600, 6144), (16384, 1280), (5120, 4096), (4096, 1280), (5120, 1152), (2304, 5120),
+              (1792, 5120)]
+
+
+def make_inputs(m: int, n: int, k: int, bn: int, bk: int, *, seed: int, device: str = "cpu",
+                batch: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+    """Random FP8 operands and positive float32 block scales (never zeros)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    a = (torch.randn(*batch, m, k, generator=g) * 64).clamp(-448, 448).to(FP8)
+    b = (torch.randn(*batch, n, k, generator=g) * 64).clamp(-448, 448).to(FP8)
+    sa = torch.rand(*batch, m, -(-k // bk), generator=g) * 2e-3 + 1e-4
+    sb = torch.rand(*batch, -(-n // bn), -(-k // bk), generator=g) * 2e-3 + 1e-4
+    return tuple(t.to(device) for t in (a, sa, b, sb))
+
+
+def oracle(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, bn: int, bk: int) -> torch.Tensor:
+    """float64 from the definition: out[m, n] = sum_k a[m,k] sa[m,k//bk] b[n,k] sb[n//bn,k//bk]."""
+    k = a.shape[-1]
+    n = b.shape[-2]
+    kidx = torch.arange(k, device=a.device) // bk
+    nidx = torch.arange(n, device=a.device) // bn
+    ad = a.double() * sa.double()[..., kidx]
+    bd = b.double() * sb.double()[..., nidx, :][..., kidx]
+    return ad @ bd.transpose(-1, -2)
+
+
+def assert_gemm_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert not torch.isnan(out).any(), "NaN in output"
+    torch.testing.assert_close(out.double(), ref, rtol=0.02, atol=1.0)
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel < 8e-3, f"relative error {rel:.3e}"
+
+
+# ------------------------------------------------------------------------------------ CPU: torch path
+@pytest.mark.parametrize("bn,bk", [(128, 128), (32, 32)])
+@pytest.mark.parametrize("m", [1, 2, 4, 16, 37])
+def test_reference_matches_float64(m: int, bn: int, bk: int) -> None:
+    n, k = 96 + bn // 2, 4 * bk + bk // 2  # ragged last blocks on N and K
+    a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=m * 1000 + bk)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    res = fp8_block_gemm(a, sa, b, sb, (bn, bk), torch.bfloat16, out=out)  # CPU -> torch reference
+    assert res is out
+    assert_gemm_close(out, oracle(a, sa, b, sb, bn, bk))
+
+
+def test_reference_column_major_scales_and_accumulate() -> None:
+    """Activation scales in DeepGEMM's MN-major layout (stride 1 along M) and the `c` input."""
+    a, sa, b, sb = make_inputs(8, 64, 256, 32, 32, seed=7)
+    sa_cm = sa.t().contiguous().t()
+    c = torch.randn(8, 64)
+    out = fp8_block_gemm_reference(a, sa_cm, b, sb, (32, 32), torch.float32, c=c)
+    assert_gemm_close(out, oracle(a, sa, b, sb, 32, 32) + c.double())
+
+
+def test_ue8m0_unpack() -> None:
+    e = torch.randint(100, 150, (5, 8), dtype=torch.int32)
+    packed = (e[:, 0::4] | (e[:, 1::4] << 8) | (e[:, 2::4] << 16) | (e[:, 3::4] << 24)).to(torch.int32)
+    got = unpack_ue8m0_scales(packed.t().contiguous().t(), 7)  # MN-major strides, ragged group count
+    torch.testing.assert_close(got, torch.exp2(e[:, :7].double() - 127).float(), rtol=0, atol=0)
+
+
+def test_shim_fp8_gemm_nt_float_and_ue8m0() -> None:
+    import deep_gemm  # the shim (winport.shimloader maps the name)
+
+    from shims.deep_gemm import gemm as shim
+
+    assert deep_gemm.fp8_gemm_nt is shim.fp8_gemm_nt
+    a, sa, b, sb = make_inputs(3, 64, 512, 128, 128, seed=11)
+    d = torch.full((3, 64), float("nan"), dtype=torch.bfloat16)
+    shim.fp8_gemm_nt((a, sa), (b, sb), d, recipe=(1, 128, 128))
+    assert_gemm_close(d, oracle(a, sa, b, sb, 128, 128))
+    # Power-of-two scales, packed as UE8M0 int32 (SM100/SM120 format), per-row weight scales.
+    ea = torch.randint(118, 124, (3, 4), dtype=torch.int32)
+    eb = torch.randint(118, 124, (64, 4), dtype=torch.int32)
+
+    def pack(e: torch.Tensor) -> torch.Tensor:
+        return (e[:, 0] | (e[:, 1] << 8) | (e[:, 2] << 16) | (e[:, 3] << 24)).unsqueeze(1).to(torch.int32)
+
+    d.fill_(float("nan"))
+    shim.fp8_gemm_nt((a, pack(ea)), (b, pack(eb)), d, recipe=(1, 1, 128))
+    assert_gemm_close(d, oracle(a, torch.exp2(ea.float() - 127), b, torch.exp2(eb.float() - 127), 1, 128))
+
+
+def test_shim_fp8_einsum_and_transform() -> None:
+    from shims.deep_gemm import gemm as shim
+
+    t, g, r, d = 5, 4, 256, 256  # o [T, G, D=r] x wo_a [G, R=d, D=r]
+    a, sa, _, _ = make_inputs(g, 1, r, 128, 128, seed=3, batch=(t,))
+    _, _, w, sw = make_inputs(1, d, r, 128, 128, seed=4, batch=(g,))
+    sw_t = shim.transform_sf_into_required_layout(sw, mn=d, k=r, recipe=(1, 128, 128), num_groups=g)
+    out = torch.full((t, g, d), float("nan"), dtype=torch.bfloat16)
+    shim.fp8_einsum("bhr,hdr->bhd", (a, sa), (w, sw_t), out, recipe=(1, 128, 128))
+    ref = torch.einsum("bhr,hdr->bhd", a.double() * sa.double().repeat_interleave(128, -1),
+                       w.double() * sw.double().repeat_interleave(128, -2).repeat_interleave(128, -1))
+    assert_gemm_close(out, ref)
+    with pytest.raises(NotImplementedError):
+        shim.fp8_einsum("bhd,hdr->bhr", (a, sa), (w, sw_t), out)
+
+
+# ------------------------------------------------------------- CPU: Triton kernel under the interpreter
+_INTERP_CODE = r"""
+import json, torch
+from kernels_triton.fp8_gemm import fp8_block_gemm, GemmConfig
+from kernels_triton.fp8_einsum import fp8_einsum_bhr_hdr
+from tests.ops.test_fp8_gemm import make_inputs, oracle
+res = {}
+cases = [  # (name, m, n, k, bn, bk, config)
+    ("fp8dot_128", 5, 72, 384, 128, 128, GemmConfig(16, 32, 128, 1, 4, 2, False, 1)),
+    ("fp8dot_splitk_128", 2, 64, 640, 128, 128, GemmConfig(16, 32, 128, 3, 4, 2, False, 1)),
+    ("dequant_32", 3, 80, 224, 32, 32, GemmConfig(16, 32, 64, 1, 4, 2, True, 1)),
+    ("dequant_splitk_32", 1, 64, 512, 32, 32, GemmConfig(16, 32, 64, 4, 4, 2, True, 1)),
+    ("fp8dot_32_prefill", 40, 48, 160, 32, 32, GemmConfig(32, 32, 32, 1, 4, 2, False, 2)),
+    ("default_cfg_32", 16, 64, 256, 32, 32, None),
+]
+for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
+    a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    fp8_block_gemm(a, sa, b, sb, (bn, bk), out=out, config=cfg)
+    ref = oracle(a, sa, b, sb, bn, bk)
+    res[name] = [out.double().tolist(), ref.tolist()]
+# accumulate input + strided (column-major) activation scales
+a, sa, b, sb = make_inputs(4, 64, 256, 32, 32, seed=9)
+c = torch.randn(4, 64)
+out = torch.full((4, 64), float("nan"), dtype=torch.float32)
+fp8_block_gemm(a, sa.t().contiguous().t(), b, sb, (32, 32), torch.float32, out=out, c=c,
+               config=GemmConfig(16, 32, 64, 2, 4, 2, True, 1))
+res["accum_colmajor"] = [out.double().tolist(), (oracle(a, sa, b, sb, 32, 32) + c.double()).tolist()]
+# batched einsum bhr,hdr->bhd with strided views
+t, g, r, d = 3, 2, 256, 64
+a, sa, _, _ = make_inputs(g, 1, r, 128, 128, seed=21, batch=(t,))
+_, _, w, sw = make_inputs(1, d, r, 128, 128, seed=22, batch=(g,))
+out = torch.full((t, g, d), float("nan"), dtype=torch.bfloat16)
+fp8_einsum_bhr_hdr(a, sa, w, sw, (128, 128), out=out)
+ref = oracle(a.transpose(0, 1), sa.transpose(0, 1), w, sw, 128, 128).transpose(0, 1)
+res["einsum"] = [out.double().tolist(), ref.tolist()]
+print("JSON" + json.dumps(res))
+"""
+
+
+@pytest.fixture(scope="module")
+def interp_results() -> dict:
+    proc = run_python(_INTERP_CODE, env={"TRITON_INTERPRET": "1"}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("JSON"))
+    return json.loads(line[4:])
+
+
+@pytest.mark.parametrize("name", ["fp8dot_128", "fp8dot_splitk_128", "dequant_32", "dequant_splitk_32",
+                                  "fp8dot_32_prefill", "default_cfg_32", "accum_colmajor", "einsum"])
+def test_triton_interpreter(interp_results: dict, name: str) -> None:
+    out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
+    assert_gemm_close(out, ref)
+
+
+# --------------------------------------------------------------------------- GPU: V4.1-Flash sizes
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", V41_SHAPES)
+@pytest.mark.parametrize("m", [1, 2, 4, 16])
+def test_gpu_gemv_v41(m: int, n: int, k: int) -> None:
+    a, sa, b, sb = make_inputs(m, n, k, 32, 32, seed=n + m, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_block_gemm(a, sa, b, sb, (32, 32), out=out)
+    ref = oracle(a, sa, b, sb, 32, 32)
+    assert_gemm_close(out, ref)
+    fp8_block_gemm(a, sa, b, sb, (32, 32), out=out)  # counters reset: a second call is right too
+    assert_gemm_close(out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bn,bk", [(32, 32), (128, 128)])
+@pytest.mark.parametrize("m", [1, 16, 300, 2048])
+def test_gpu_gemm_blocks(m: int, bn: int, bk: int) -> None:
+    n, k = 2304, 5120
+    a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=m + bk, device="cuda")
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_block_gemm(a, sa, b, sb, (bn, bk), out=out)
+    assert_gemm_close(out, oracle(a, sa, b, sb, bn, bk))
+
+
+@pytest.mark.gpu
+def test_gpu_shim_einsum_v4_wo_a() -> None:
+    from shims.deep_gemm import gemm as shim
+
+    t, g, r, d = 7, 8, 4096, 1024  # V4-Flash wo_a: 8 groups, o_lora 1024, group input 4096
+    a, sa, _, _ = make_inputs(g, 1, r, 128, 128, seed=5, batch=(t,), device="cuda")
+    _, _, w, sw = make_inputs(1, d, r, 128, 128, seed=6, batch=(g,), device="cuda")
+    out = torch.full((t, g, d), float("nan"), dtype=torch.bfloat16, device="cuda")
+    shim.fp8_einsum("bhr,hdr->bhd", (a, sa), (w, sw), out, recipe=(1, 128, 128))
+    ref = oracle(a.transpose(0, 1), sa.transpose(0, 1), w, sw, 128, 128).transpose(0, 1)
+    assert_gemm_close(out, ref)
