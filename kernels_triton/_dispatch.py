@@ -1,0 +1,23 @@
+"""Small helpers shared by the kernel modules: device dispatch and launch sizing."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """True when the Triton kernel should run: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1.
+
+    The shims call the torch reference on CPU; tests call the Triton entry points directly, so
+    the interpreter case only matters when a caller forces it (WINPORT_TRITON_ON_CPU=1).
+    """
+    if all(t.is_cuda for t in tensors):
+        return True
+    return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("WINPORT_TRITON_ON_CPU") == "1"
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (>= 1)."""
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
