@@ -28,6 +28,7 @@ SHIMMED_LIBRARIES: dict[str, str] = {
     "deep_gemm": "sgl-deep-gemm",
     "flash_attn_interface": "flash-attn-3",
     "tilelang": "tilelang",
+    "uvloop": "uvloop",  # no Windows build; asyncio's default loop stands in
 }
 
 SHIM_PACKAGE = "shims"

@@ -4,12 +4,27 @@ asserts that the upstream code still looks as expected (failing loudly otherwise
 from __future__ import annotations
 
 # Module names under winport.patches, applied in this order by register_all().
-PATCHES: tuple[str, ...] = ()
+PATCHES: tuple[str, ...] = (
+    "cpu_pin_memory",
+    "cpu_rope_without_scaling",
+    "cpu_dsv4_fp8_kv",
+    "dsv4_generic_device",
+)
 
 
 def register_all() -> None:
-    """Register every patch with SGLang's HookRegistry."""
+    """Register every patch with SGLang's HookRegistry.
+
+    A patch whose upstream target changed stops the process (SystemExit): SGLang swallows
+    ordinary exceptions from plugins, and running with half the patches would fail later and
+    far from the cause.
+    """
     import importlib
 
+    from winport.patches._base import UpstreamChangedError
+
     for name in PATCHES:
-        importlib.import_module(f"winport.patches.{name}").register()
+        try:
+            importlib.import_module(f"winport.patches.{name}").register_patch()
+        except UpstreamChangedError as exc:
+            raise SystemExit(f"winport patch {name!r} cannot be applied: {exc}") from exc

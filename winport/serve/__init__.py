@@ -1,0 +1,1 @@
+"""`winport serve`: SGLang's OpenAI-compatible server on the port's platform, shims and loaders."""

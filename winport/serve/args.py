@@ -1,0 +1,36 @@
+"""The flags of `winport serve` (scripts/serve.ps1 maps its parameters onto exactly these)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_HOST = "127.0.0.1"  # never listen beyond this machine unless asked
+DEFAULT_PORT = 30000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `winport serve`."""
+    ap = argparse.ArgumentParser(
+        prog="winport serve",
+        description="Serve a DeepSeek-V4.x model through SGLang's OpenAI-compatible API.",
+    )
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--demo", action="store_true",
+                     help="serve the tiny generated DeepSeek-V4 demo model (CPU when there is no GPU)")
+    src.add_argument("--model", type=Path, help="model: a GGUF file or shard, a folder of GGUF files, or a checkpoint folder")
+    ap.add_argument("--demo-variant", choices=["v4", "v41"], default="v4", help="which demo model (default v4)")
+    ap.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    ap.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer <key>'")
+    ap.add_argument("--vram-gib", type=float, default=None,
+                    help="cap on the GPU memory the server takes, in GiB (translated into SGLang's static "
+                         "memory fraction from the card's total; expert placement by budget is not built yet)")
+    ap.add_argument("--context-length", type=int, default=None, help="maximum context length in tokens")
+    ap.add_argument("--draft-model", type=Path, default=None, help="DSpark draft GGUF (default: found next to the model)")
+    ap.add_argument("--mmproj", type=Path, default=None, help="vision projector GGUF (default: found next to the model)")
+    ap.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU experts (default: physical cores)")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (gloo collectives)")
+    ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return ap
