@@ -12,6 +12,7 @@ PKGS=(
   mingw-w64-x86-64-dev          # Windows headers + CRT import libs for x86_64-w64-mingw32
   wine64                        # runs the cross-built .exe checks
   libnuma-dev                   # native build of the POSIX-surface check against real libnuma
+  gcc-mingw-w64-x86-64-posix    # wine tier: x86_64-w64-mingw32-gcc builds the harness's bcryptprimitives stub
 )
 
 missing=()

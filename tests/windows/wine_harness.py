@@ -216,7 +216,7 @@ def _add_runtime_dlls() -> None:
                 wanted.discard(base.lower())
     if wanted:
         raise HarnessError(f"{wheel.name} lacks {sorted(wanted)}")
-    gcc = shutil.which("x86_64-w64-mingw32-gcc")
+    gcc = shutil.which("x86_64-w64-mingw32-gcc") or shutil.which("x86_64-w64-mingw32-gcc-posix")
     if not gcc:
         raise HarnessError("x86_64-w64-mingw32-gcc missing: run scripts/ci/apt-test-tools.sh")
     _run([gcc, "-O2", "-shared", "-o", str(PY_DIR / "bcryptprimitives.dll"), str(BCRYPT_STUB_SOURCE)],

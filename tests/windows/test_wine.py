@@ -1,0 +1,207 @@
+"""The port's own code under Windows CPython 3.12 (Wine 8), with Windows wheels: the `wine` tier.
+
+tests/windows/wine_harness.py provisions the interpreter (cached in .cache/wine/). What runs here:
+  - the interpreter really is Windows CPython and imports the repository and the shim loader
+  - `winport doctor`: Windows OS, and the cpuid ISA list of the Win64 machine-code stub equal to what
+    the SysV stub and /proc/cpuinfo report on Linux for the same CPU
+  - install.ps1's interpreter probe refusing an embeddable Python
+  - the op-equivalence suite (tests/ops) on CPU, torch path and Triton's interpreter
+  - `winport serve --demo` answering one chat completion over tcp (enable with SERVE_READY)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+from tests.windows import pwsh, wine_harness
+
+# The lead sets this to True once `winport serve --demo` works (issue 5); from then on the demo
+# test runs and fails when the server does not answer.
+SERVE_READY = False
+
+# tests/ops files or node ids that cannot run under Windows CPython here, with the reason. Each entry
+# is passed to pytest as --deselect; keep it empty unless a package truly has no win_amd64 wheel.
+OPS_EXCLUDED: dict[str, str] = {}
+
+# /proc/cpuinfo spells one of doctor's ISA names differently.
+PROC_CPUINFO_NAME = {"avx512_vbmi": "avx512vbmi"}
+
+
+@pytest.fixture(scope="module")
+def windows_python() -> Iterator[wine_harness.Provisioned]:
+    """Provisioned Windows CPython; missing Wine fails in CI (where it must exist) and skips elsewhere."""
+    if wine_harness.find_wine() is None:
+        message = "Wine is not installed (scripts/ci/apt-test-tools.sh installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        done = wine_harness.provision(log=lambda line: print(line, flush=True))
+    except wine_harness.HarnessError as exc:
+        pytest.fail(f"provisioning Windows CPython failed: {exc}")
+    yield done
+
+
+def _check(proc: subprocess.CompletedProcess[str], what: str) -> str:
+    """stdout of a finished Windows process, or a failure showing its output."""
+    out, err = proc.stdout, wine_harness.strip_wine_noise(proc.stderr)
+    assert proc.returncode == 0, f"{what} exited {proc.returncode}\n--- stdout\n{out[-4000:]}\n--- stderr\n{err[-4000:]}"
+    return out
+
+
+@pytest.mark.wine
+def test_windows_cpython_runs_the_repository(windows_python: wine_harness.Provisioned) -> None:
+    code = (
+        "import json, os, sys, platform, struct, winport, sgl_kernel\n"
+        "print(json.dumps({'platform': sys.platform, 'system': platform.system(), 'bits': struct.calcsize('P') * 8,"
+        " 'sep': os.sep, 'winport': winport.__file__, 'sgl_kernel': sgl_kernel.__name__}))\n"
+    )
+    info = json.loads(_check(wine_harness.run_python(["-c", code], timeout=300), "python -c").strip().splitlines()[-1])
+    assert info["platform"] == "win32" and info["system"] == "Windows" and info["sep"] == "\\"
+    assert info["bits"] == 64
+    assert info["winport"].lower() == wine_harness.windows_path(REPO_ROOT / "winport" / "__init__.py").lower()
+    assert info["sgl_kernel"] == "shims.sgl_kernel", "winport_shims.pth did not activate the shim loader"
+
+
+def _linux_isa_from_proc_cpuinfo(names: list[str]) -> list[str]:
+    text = Path("/proc/cpuinfo").read_text()
+    flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split())  # type: ignore[union-attr]
+    return [n for n in names if PROC_CPUINFO_NAME.get(n, n) in flags]
+
+
+@pytest.mark.wine
+def test_doctor_under_windows_matches_linux_cpuid(windows_python: wine_harness.Provisioned) -> None:
+    """winport doctor on the Windows code path (Win64 cpuid stub via VirtualAlloc) vs Linux."""
+    from winport.cpu_features import cpu_features, kt_kernel_variant
+
+    proc = wine_harness.run_python(["-m", "winport", "doctor", "--json"], timeout=300)
+    report = json.loads(_check(proc, "winport doctor --json"))
+    checks = {(section, c["name"]): c for section, items in report.items() for c in items}
+
+    assert checks[("system", "OS")]["value"].startswith("Windows "), checks[("system", "OS")]
+    assert "AMD64" in checks[("system", "OS")]["value"]
+    assert checks[("system", "Python")]["value"].startswith("3.12.")
+    windows_isa = checks[("cpu", "ISA (cpuid)")]["value"].split()
+    linux = cpu_features()
+    assert windows_isa == linux.isa_list, "the Win64 cpuid stub disagrees with the SysV one"
+    assert windows_isa == _linux_isa_from_proc_cpuinfo(linux.isa_list + ["avx512_bf16", "amx_tile"]), \
+        "cpuid under Windows disagrees with the Linux kernel's /proc/cpuinfo"
+    assert checks[("cpu", "model")]["value"] == f"{linux.brand} ({linux.vendor})"
+    assert checks[("cpu", "kt-kernel variant")]["value"] == kt_kernel_variant(linux)
+    amx = "enabled by the OS" if linux.amx_os_enabled else "not enabled"
+    assert checks[("cpu", "AMX tile state")]["value"] == amx
+    # Wine has no NUMA API beyond the highest node number: one node is the documented fallback.
+    assert checks[("cpu", "NUMA nodes")]["value"] == "1"
+    assert checks[("gpu", "Triton")]["value"].startswith("triton-windows ")
+    assert checks[("libraries", "shim loader (.pth)")]["ok"] is True
+    assert checks[("libraries", "sglang")]["ok"] is True
+
+
+@pytest.mark.wine
+def test_install_ps1_probe_refuses_the_embeddable_python(windows_python: wine_harness.Provisioned) -> None:
+    """install.ps1 runs this probe on the chosen python.exe; an embeddable one must be refused."""
+    code = pwsh.here_string((REPO_ROOT / "scripts" / "install.ps1").read_bytes(), "probe")
+    info = json.loads(_check(wine_harness.run_python(["-c", code], timeout=300), "install.ps1 probe"))
+    assert info["minor"] == 312 and info["bits"] == 64
+    # the conditions install.ps1 refuses on: a ._pth next to python.exe, no include\ and libs\
+    assert info["embeddable"] is True and info["headers"] is False and info["importlib"] is False
+    assert info["executable"].lower().endswith("\\python.exe")
+
+
+def _ops_tests() -> list[Path]:
+    ops = REPO_ROOT / "tests" / "ops"
+    return sorted(ops.glob("test_*.py")) if ops.is_dir() else []
+
+
+@pytest.mark.wine
+@pytest.mark.skipif(not _ops_tests(), reason="tests/ops has no tests yet (being written)")
+def test_ops_suite_on_windows_cpu(windows_python: wine_harness.Provisioned) -> None:
+    """tests/ops on CPU under Windows CPython: torch references and Triton kernels in the interpreter."""
+    args = ["-m", "pytest", "tests/ops", "-m", "not gpu", "-q", "-p", "no:cacheprovider", "-x",
+            "--durations=5"]
+    for node in OPS_EXCLUDED:
+        args += ["--deselect", node]
+    start = time.monotonic()
+    proc = wine_harness.run_python(args, env={"TRITON_INTERPRET": "1"}, timeout=900)
+    seconds = time.monotonic() - start
+    summary = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    print(f"tests/ops under Wine in {seconds:.0f} s: {summary[-1] if summary else 'no summary'}")
+    assert proc.returncode != 5, "pytest under Windows collected no ops tests"
+    _check(proc, "pytest tests/ops under Windows CPython")
+    assert summary and " passed" in summary[-1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _request(url: str, body: dict[str, object] | None = None, timeout: float = 10) -> dict[str, object]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
+        return json.loads(resp.read())
+
+
+@pytest.mark.wine
+@pytest.mark.skipif(not SERVE_READY, reason="demo server not built yet (issue 5)")
+def test_demo_server_answers_a_chat_completion(windows_python: wine_harness.Provisioned) -> None:
+    """`winport serve --demo` under Windows CPython answers over tcp on the loopback interface."""
+    port = _free_port()
+    proc = wine_harness.start_python(["-m", "winport", "serve", "--demo", "--device", "cpu",
+                                      "--host", "127.0.0.1", "--port", str(port)])
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout or []), daemon=True)
+    reader.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 480  # Wine + torch import + SGLang start on 2 cores
+        models: dict[str, object] | None = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                models = _request(f"{base}/v1/models", timeout=5)
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(3)
+        tail = wine_harness.strip_wine_noise("".join(output))[-4000:]
+        assert models is not None, f"server never answered /v1/models (exit {proc.poll()}):\n{tail}"
+        model_id = models["data"][0]["id"]  # type: ignore[index]
+        reply = _request(f"{base}/v1/chat/completions", {
+            "model": model_id, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 8, "temperature": 0,
+        }, timeout=300)
+        message = reply["choices"][0]["message"]  # type: ignore[index]
+        assert isinstance(message["content"], str) and message["role"] == "assistant"
+        assert reply["usage"]["completion_tokens"] >= 1  # type: ignore[index]
+    finally:
+        wine_harness.stop_python(proc)
+
+
+PRODUCT_DIRS = ("winport", "shims", "kernels_triton")
+# Markers of the harness's Wine workarounds; none may appear in shipped code.
+WORKAROUND_MARKERS = ("KMP_AFFINITY", "_wmi.pyd", "bcryptprimitives", "WINEPREFIX", "msvc_runtime", "crealf")
+
+
+def test_wine_workarounds_stay_in_the_harness() -> None:
+    """Real Windows needs none of WINE_WORKAROUNDS, so the product must not carry them."""
+    offenders = []
+    for folder in PRODUCT_DIRS:
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            text = path.read_text(errors="replace")
+            offenders += [f"{path.relative_to(REPO_ROOT)}: {m}" for m in WORKAROUND_MARKERS if m in text]
+    assert offenders == []
+    assert len(wine_harness.WINE_WORKAROUNDS) >= 6
