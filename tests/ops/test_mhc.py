@@ -147,7 +147,7 @@ def test_triton_split_sinkhorn(interp: dict) -> None:
     torch.testing.assert_close(post.reshape(3, HC), hp, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(comb.reshape(3, HC, HC), hcomb, rtol=1e-4, atol=1e-5)
     # 3 iterations: far from converged, so an off-by-one iteration count shows
-    _, _, hcomb3 = hf_hyper_connection(d, iters=3)
+    _, hcomb3, _ = hf_hyper_connection(d, iters=3)
     torch.testing.assert_close(torch.tensor(interp["split3"][2]).reshape(3, HC, HC), hcomb3, rtol=1e-4, atol=1e-5)
 
 
