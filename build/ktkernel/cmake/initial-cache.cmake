@@ -57,9 +57,10 @@ set(KTRANSFORMERS_CUDA_STATIC_RUNTIME ON CACHE BOOL "")
 
 set(_common "/DWIN32 /D_WINDOWS /EHsc /clang:-ffast-math -D_WIN32_WINNT=0x0A00 -DNOMINMAX ${_isa}")
 set(CMAKE_C_FLAGS "${_common}" CACHE STRING "winport: clang-cl flags for ${KTWIN_VARIANT}")
-set(CMAKE_CXX_FLAGS
+string(STRIP
     "${_common} /Zc:__cplusplus /FI\"${_ktwin_compat}/ktwin_compat.h\" /I\"${_ktwin_compat}/include\" /I\"${_ktwin_compat}/include-msvc\" /I\"${_ktwin_compat}\" ${KTWIN_EXTRA_CXX_FLAGS}"
-    CACHE STRING "winport: clang-cl flags for ${KTWIN_VARIANT}")
+    _cxx)
+set(CMAKE_CXX_FLAGS "${_cxx}" CACHE STRING "winport: clang-cl flags for ${KTWIN_VARIANT}")
 
 if(DEFINED KTWIN_COMPAT_LIB)
   set(NUMA_LIBRARY "${KTWIN_COMPAT_LIB}" CACHE FILEPATH "winport compat layer stands in for libnuma")
