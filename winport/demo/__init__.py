@@ -1,0 +1,1 @@
+"""The tiny DeepSeek-V4 demo model: config, tokenizer and deterministic random weights."""

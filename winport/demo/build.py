@@ -1,0 +1,82 @@
+"""Write the demo checkpoint folder: config.json, tokenizer files, model.safetensors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from winport.demo.config import demo_config
+from winport.demo.tokenizer import write_tokenizer
+from winport.demo.weights import demo_state_dict
+
+STAMP = "winport-demo.json"
+FORMAT_VERSION = 1  # bump when the generator changes what it writes
+
+
+def default_dir(variant: str = "v4") -> Path:
+    """Where `winport serve --demo` keeps the demo model."""
+    from winport.paths import cache_dir
+
+    return cache_dir() / f"demo-{variant}"
+
+
+def _digest(folder: Path, names: list[str]) -> str:
+    h = hashlib.sha256()
+    for name in names:
+        h.update(name.encode())
+        h.update(hashlib.sha256((folder / name).read_bytes()).digest())
+    return h.hexdigest()
+
+
+def is_current(folder: Path, variant: str = "v4") -> bool:
+    """Whether folder holds a complete demo model of this generator version."""
+    stamp = folder / STAMP
+    if not stamp.exists():
+        return False
+    try:
+        info = json.loads(stamp.read_text())
+        return info.get("format") == FORMAT_VERSION and info.get("variant") == variant and \
+            _digest(folder, info["files"]) == info["sha256"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool = False) -> Path:
+    """Write the demo model into folder (atomically: a partial folder is never left as current)."""
+    from safetensors.torch import save_file
+
+    say = (lambda *_: None) if quiet else (lambda msg: print(f"winport demo-model: {msg}", flush=True))
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    config = demo_config(variant)
+    say("training the tokenizer")
+    vocab = write_tokenizer(tmp, config["vocab_size"])
+    if vocab != config["vocab_size"]:
+        raise RuntimeError(f"tokenizer has {vocab} tokens, config says {config['vocab_size']}")
+    (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=1) + "\n")
+    say("generating weights")
+    tensors = demo_state_dict(config, seed=seed)
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "winport": f"demo-{variant}"})
+    files = sorted(p.name for p in tmp.iterdir() if p.name != STAMP)
+    stamp = {"format": FORMAT_VERSION, "variant": variant, "seed": seed, "files": files,
+             "sha256": _digest(tmp, files)}
+    (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    if folder.exists():
+        for p in folder.iterdir():
+            p.unlink()
+        folder.rmdir()
+    tmp.rename(folder)
+    say(f"wrote {folder} ({sum(t.numel() for t in tensors.values()) / 1e6:.1f}M parameters)")
+    return folder
+
+
+def ensure_demo(variant: str = "v4", folder: Path | None = None) -> Path:
+    """Return the demo folder, building it first when missing or stale."""
+    folder = folder or default_dir(variant)
+    if not is_current(folder, variant):
+        build_demo(folder, variant)
+    return folder

@@ -1,0 +1,24 @@
+"""`winport demo-model`: write the tiny DeepSeek-V4 demo checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from winport.demo.build import build_demo, default_dir, is_current
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or check) the demo model folder."""
+    ap = argparse.ArgumentParser(prog="winport demo-model", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="folder (default: the winport cache)")
+    ap.add_argument("--variant", choices=["v4"], default="v4")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="rebuild even when a current copy exists")
+    args = ap.parse_args(argv)
+    out = args.out or default_dir(args.variant)
+    if not args.force and args.seed == 0 and is_current(out, args.variant):
+        print(f"winport demo-model: {out} is current")
+        return 0
+    build_demo(out, args.variant, args.seed)
+    return 0
