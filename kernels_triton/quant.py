@@ -56,11 +56,18 @@ def group_quant_triton(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group_
         return
     assert h % group_size == 0 and x2.stride(1) == 1 and q2.stride(1) == 1
     n_groups = h // group_size
+    q_dst = q2
+    if x.device.type == "cpu" and q.dtype != torch.int8:
+        # Triton 3.8's interpreter rounds fp32 -> fp8 wrongly when rounding carries into the exponent
+        # (-127.76 -> -64); on CPU the kernel writes fp32 and torch does the (correct) final cast.
+        q_dst = torch.empty(q2.shape, dtype=torch.float32)
     gblock = max(1, min(triton.next_power_of_2(n_groups), 4096 // group_size))
     _group_quant_kernel[(rows, triton.cdiv(n_groups, gblock))](
-        x2, q2, s2, n_groups, x2.stride(0), q2.stride(0), s2.stride(0), s2.stride(1), float(eps),
+        x2, q_dst, s2, n_groups, x2.stride(0), q_dst.stride(0), s2.stride(0), s2.stride(1), float(eps),
         float(qmin), float(qmax), GROUP=group_size, GBLOCK=gblock, UE8M0=bool(ue8m0),
         IS_INT=q.dtype == torch.int8)
+    if q_dst is not q2:
+        q2.copy_(q_dst.to(q.dtype))
 
 
 def group_quant_ref(x: torch.Tensor, group_size: int, eps: float, qmin: float, qmax: float,

@@ -8,9 +8,10 @@ import importlib.util
 
 import torch
 
-from kernels_triton import activation, merge_state, moe_align, moe_routing, moe_sum, norm, quant
+from kernels_triton import activation, merge_state, moe_align, moe_routing, norm, quant
 from kernels_triton import rotary, sampling, spec_cpu
 from kernels_triton import bitmask as bitmask_k
+from kernels_triton import moe_sum as moe_sum_k
 from kernels_triton._dispatch import use_triton
 
 # ---------------------------------------------------------------- normalization
@@ -182,7 +183,7 @@ def moe_fused_gate(input_tensor: torch.Tensor, bias: torch.Tensor | None, num_ex
     if num_fused_shared_experts and t:
         _shared_slot(w, ids, n, num_fused_shared_experts, renormalize, routed_scaling_factor)
         if renormalize:
-            w[:, :-1] /= w[:, :-1].sum(-1, keepdim=True) + moe_routing.RENORM_EPS
+            w /= w[:, :-1].sum(-1, keepdim=True) + moe_routing.RENORM_EPS
         if apply_routed_scaling_factor_on_output:
             w *= routed_scaling_factor
     return w, ids
@@ -212,9 +213,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: i
 def moe_sum_reduce(input: torch.Tensor, output: torch.Tensor, routed_scaling_factor: float) -> None:
     """Replaces sgl_kernel.moe_sum_reduce: output = input.sum(1) * routed_scaling_factor."""
     if use_triton(input):
-        moe_sum.moe_sum_triton(input, output, routed_scaling_factor)
+        moe_sum_k.moe_sum_triton(input, output, routed_scaling_factor)
     else:
-        output.copy_(moe_sum.moe_sum_ref(input, routed_scaling_factor))
+        output.copy_(moe_sum_k.moe_sum_ref(input, routed_scaling_factor))
 
 
 def moe_sum(input: torch.Tensor, output: torch.Tensor) -> None:
