@@ -144,13 +144,13 @@ if _HAVE_TRITON:
     @triton.jit
     def _fp8_block_gemm_kernel(
         a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
-        M, N, K, iters_per_split,
+        M, N, K, iters_per_split, split_k,
         s_ab, s_am, s_ak, s_bb, s_bn, s_bk,
         s_asb, s_asm, s_ask, s_bsb, s_bsn, s_bsk,
         s_cb, s_cm, s_cn, s_db, s_dm, s_dn,
         GN: tl.constexpr, GK: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr,
+        USE_SPLIT: tl.constexpr, GROUP_M: tl.constexpr,
         DEQUANT: tl.constexpr, UPCAST: tl.constexpr, HAS_C: tl.constexpr, F32_DOT: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -220,7 +220,7 @@ if _HAVE_TRITON:
 
         out_mask = m_mask[:, None] & n_mask[None, :]
         d_ptrs = d_ptr + bat * s_db + offs_m[:, None] * s_dm + offs_n[None, :] * s_dn
-        if SPLIT_K == 1:
+        if not USE_SPLIT:
             if HAS_C:
                 acc += tl.load(c_ptr + bat * s_cb + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn,
                                mask=out_mask, other=0.0).to(tl.float32)
@@ -231,13 +231,13 @@ if _HAVE_TRITON:
             num_tiles = num_pid_m * num_pid_n
             tile = (bat * num_tiles + pid_m * num_pid_n + pid_n)
             mn = M * N
-            ws_tile = ws_ptr + bat * SPLIT_K * mn + offs_m[:, None] * N + offs_n[None, :]
+            ws_tile = ws_ptr + bat * split_k * mn + offs_m[:, None] * N + offs_n[None, :]
             tl.store(ws_tile + pid_k * mn, acc, mask=out_mask)
             tl.debug_barrier()  # every warp's partial is issued before the release below
             arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == SPLIT_K - 1:
+            if arrived == split_k - 1:
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(SPLIT_K):
+                for s in range(split_k):
                     # .cg: read through L2, not a stale L1 line, what the other CTAs wrote.
                     total += tl.load(ws_tile + s * mn, mask=out_mask, other=0.0, cache_modifier=".cg")
                 if HAS_C:
@@ -345,10 +345,10 @@ def _fp8_block_gemm_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tens
     grid = (num_tiles, split, batch)
     _fp8_block_gemm_kernel[grid](
         a, b, a_scale, b_scale, c if c is not None else out, out, ws, cnt,
-        m, n, k, iters_per_split,
+        m, n, k, iters_per_split, split,
         *s3(a), *s3(b), *s3(a_scale), *s3(b_scale), *s3(c), *s3(out),
         GN=bn, GK=bk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        SPLIT_K=split, GROUP_M=cfg.group_m, DEQUANT=cfg.dequant, UPCAST=upcast, HAS_C=c is not None,
+        USE_SPLIT=split > 1, GROUP_M=cfg.group_m, DEQUANT=cfg.dequant, UPCAST=upcast, HAS_C=c is not None,
         F32_DOT=os.environ.get("TRITON_INTERPRET") == "1",
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

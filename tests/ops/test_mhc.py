@@ -69,7 +69,7 @@ def check_pre(out: tuple[torch.Tensor, ...], d: dict[str, torch.Tensor]) -> None
 @pytest.mark.parametrize("t", [1, 5])
 def test_mhc_pre_reference_vs_transformers(t: int) -> None:
     d = make(t, 64, seed=t)
-    out = mhc.mhc_pre(d["residual"], d["fn"], d["scale"], d["base"], RMS_EPS, EPS, EPS, 2.0, ITERS)
+    out = mhc.mhc_pre_reference(d["residual"], d["fn"], d["scale"], d["base"], RMS_EPS, EPS, EPS, 2.0, ITERS)
     check_pre(out, d)
 
 
@@ -77,7 +77,7 @@ def test_split_sinkhorn_reference_vs_transformers() -> None:
     d = make(6, 64, seed=9)
     x = d["residual"].float().flatten(1)
     mixes = (x @ d["fn"].t()) * torch.rsqrt(x.square().mean(-1, keepdim=True) + RMS_EPS)
-    pre, post, comb = mhc.hc_split_sinkhorn(mixes.view(2, 3, -1), d["scale"], d["base"], HC, ITERS, EPS)
+    pre, post, comb = mhc.hc_split_sinkhorn_reference(mixes.view(2, 3, -1), d["scale"], d["base"], HC, ITERS, EPS)
     hp, hcomb, hy = hf_hyper_connection(d)
     torch.testing.assert_close(post.reshape(6, HC), hp, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(comb.reshape(6, HC, HC), hcomb, rtol=1e-4, atol=1e-5)
@@ -89,10 +89,10 @@ def test_split_sinkhorn_reference_vs_transformers() -> None:
 
 def test_mhc_pre_norm_reference_vs_float64() -> None:
     d = make(3, 64, seed=4)
-    post, comb, y = mhc.mhc_pre(d["residual"], d["fn"], d["scale"], d["base"], RMS_EPS, EPS, EPS, 2.0, ITERS,
-                                norm_weight=d["norm_w"], norm_eps=1e-6)
+    post, comb, y = mhc.mhc_pre_reference(d["residual"], d["fn"], d["scale"], d["base"], RMS_EPS, EPS, EPS,
+                                          2.0, ITERS, norm_weight=d["norm_w"], norm_eps=1e-6)
     _, _, hy = hf_hyper_connection(d)
-    _, _, y_raw = mhc.mhc_pre(d["residual"], d["fn"], d["scale"], d["base"], RMS_EPS, EPS, EPS, 2.0, ITERS)
+    _, _, y_raw = mhc.mhc_pre_reference(d["residual"], d["fn"], d["scale"], d["base"], RMS_EPS, EPS, EPS, 2.0, ITERS)
     yd = y_raw.double()
     ref = yd * torch.rsqrt(yd.square().mean(-1, keepdim=True) + 1e-6) * d["norm_w"].bfloat16().double()
     torch.testing.assert_close(y.double(), ref, rtol=2e-2, atol=2e-2)
@@ -104,7 +104,7 @@ def test_mhc_post_reference_vs_float64() -> None:
     g = torch.Generator().manual_seed(3)
     post = torch.rand(4, HC, 1, generator=g) * 2
     comb = torch.rand(4, HC, HC, generator=g)
-    out = mhc.mhc_post(d["x"], d["residual"], post, comb)
+    out = mhc.mhc_post_reference(d["x"], d["residual"], post, comb)
     assert out.dtype == torch.bfloat16 and out.shape == (4, HC, 96)
     # bf16 output of values up to ~10: half an ulp is up to 0.03
     torch.testing.assert_close(out.double(), post_f64(d, post, comb), rtol=1e-2, atol=5e-2)

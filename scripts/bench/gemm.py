@@ -1,0 +1,226 @@
+"""Benchmark: FP8 block-scaled GEMV (decode, M=1..16) and GEMM (prefill, M=2048) at V4.1-Flash shapes.
+
+Prints, with rooflines measured in the same run:
+- copy bandwidth (device-to-device copy, read + write bytes / time);
+- per dense shape (N x K, [32,32] blocks): GEMV time and GB/s of weight (+ scale) bytes at M=1, % of
+  copy bandwidth, and the sum over 40 layers for one decode token; torch._scaled_mm (per-tensor
+  scales, M padded to 16: its minimum) and bf16 torch.matmul on the same shapes;
+- prefill at M=2048: TFLOP/s of the Triton GEMM ([32,32] and [128,128]) vs bf16 torch.matmul.
+Weights rotate over several copies (> L2) so the GEMV numbers are DRAM numbers, as in decode.
+Usage: PYTHONPATH=. python3 scripts/bench/gemm.py [--sweep] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from kernels_triton.fp8_gemm import GemmConfig, default_config, fp8_block_gemm  # noqa: E402
+
+SHAPES = [(25600, 6144), (16384, 1280), (5120, 4096), (4096, 1280), (5120, 1152), (2304, 5120), (1792, 5120)]
+LAYERS = 40
+FP8 = torch.float8_e4m3fn
+# (block_m, block_n, block_k, split, warps, stages, dequant, group_m) candidates for M = 2048
+PREFILL_SWEEP = {
+    32: [GemmConfig(128, 128, 32, 1, 8, 4, False), GemmConfig(128, 128, 32, 1, 4, 5, False),
+         GemmConfig(128, 128, 64, 1, 8, 3, True), GemmConfig(128, 128, 128, 1, 8, 3, True),
+         GemmConfig(128, 256, 64, 1, 8, 3, True), GemmConfig(64, 128, 64, 1, 4, 4, True)],
+    128: [GemmConfig(128, 128, 128, 1, 8, 3, False), GemmConfig(128, 128, 128, 1, 4, 4, False),
+          GemmConfig(128, 256, 128, 1, 8, 3, False), GemmConfig(64, 128, 128, 1, 4, 4, False)],
+}
+
+
+def bench(fn, reps: int = 50) -> float:
+    """Median milliseconds of `fn()` over `reps` CUDA-event-timed calls (after warm-up)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), 20)
+    return 2 * src.numel() / ms / 1e6  # GB/s
+
+
+class Weights:
+    """`copies` independent FP8 weights of one shape (cycled so the L2 never holds the next one)."""
+
+    def __init__(self, n: int, k: int, bn: int, bk: int, copies: int):
+        self.n, self.k, self.bn, self.bk = n, k, bn, bk
+        self.w = [torch.randn(n, k, device="cuda").to(FP8) for _ in range(copies)]
+        self.s = [torch.rand(-(-n // bn), -(-k // bk), device="cuda") * 1e-3 + 1e-4 for _ in range(copies)]
+        self.i = 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.i = (self.i + 1) % len(self.w)
+        return self.w[self.i], self.s[self.i]
+
+    def nbytes(self) -> int:
+        return self.w[0].numel() + self.s[0].numel() * 4
+
+
+def act(m: int, k: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(m, k, device="cuda").to(FP8), torch.rand(m, -(-k // bk), device="cuda") * 1e-2 + 1e-3
+
+
+def gemv_time(wts: Weights, m: int, cfg: GemmConfig | None) -> float:
+    a, sa = act(m, wts.k, wts.bk)
+    out = torch.empty(m, wts.n, dtype=torch.bfloat16, device="cuda")
+
+    def run() -> None:
+        w, s = wts.next()
+        fp8_block_gemm(a, sa, w, s, (wts.bn, wts.bk), out=out, config=cfg)
+
+    return bench(run)
+
+
+def scaled_mm_time(wts: Weights, m: int) -> float | None:
+    mp = max(16, m)
+    a = torch.randn(mp, wts.k, device="cuda").to(FP8)
+    one = torch.ones((), device="cuda")
+    try:
+        def run() -> None:
+            w, _ = wts.next()
+            torch._scaled_mm(a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+        return bench(run)
+    except Exception as e:  # noqa: BLE001 - report, do not fail the benchmark
+        print(f"  _scaled_mm unavailable: {type(e).__name__}: {str(e)[:120]}")
+        return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_name()
+    print(f"# FP8 GEMM bench {datetime.date.today()} on {dev}, torch {torch.__version__}")
+    import triton
+
+    print(f"# triton {triton.__version__}")
+    res: dict = {"device": dev, "date": str(datetime.date.today())}
+    copy_bw = copy_bandwidth()
+    res["copy_GBps"] = copy_bw
+    print(f"copy bandwidth: {copy_bw:.0f} GB/s (read+write)")
+
+    sweep_cfgs = []
+    if args.sweep:
+        for bn_ in (32, 64, 128):
+            for bk_, dq in ((32, False), (128, True), (256, True)):
+                for split_mult in (2, 4, 8):
+                    sweep_cfgs.append((bn_, bk_, dq, split_mult))
+        # the SPLIT count is a runtime argument: only (block_n, block_k, mode, stages) compile
+
+    rows = []
+    total_ms = 0.0
+    total_bytes = 0
+    for n, k in SHAPES:
+        copies = max(2, int(3 * 60e6 // (n * k)) + 1)
+        wts = Weights(n, k, 32, 32, copies)
+        ms = gemv_time(wts, 1, None)
+        best = (ms, "default " + str(default_config(1, n, k, 32, 32, torch.device("cuda"))))
+        if args.sweep:
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            for bn_, bk_, dq, sm in sweep_cfgs:
+                tiles = -(-n // bn_)
+                split = max(1, min(-(-k // bk_), (sm * sms) // tiles, 32))
+                for stages in (4,):
+                    cfg = GemmConfig(16, bn_, bk_, split, 4, stages, dq, 1)
+                    try:
+                        t = gemv_time(wts, 1, cfg)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  cfg {cfg} failed: {type(e).__name__}")
+                        continue
+                    if t < best[0]:
+                        best = (t, str(cfg))
+            print(f"  best for {n}x{k}: {best[0] * 1e3:.1f} us {best[1]}")
+        gbps = wts.nbytes() / ms / 1e6
+        smm = scaled_mm_time(wts, 1)
+        bf = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        xb = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        bf_ms = bench(lambda: torch.matmul(xb, bf.t()))  # noqa: B023
+        small = {m: gemv_time(wts, m, None) for m in (2, 4, 16)}
+        rows.append({"n": n, "k": k, "ms": ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
+                     "scaled_mm_ms_M16": smm, "bf16_matmul_ms_M1": bf_ms,
+                     "best_sweep": best if args.sweep else None, **{f"ms_M{m}": t for m, t in small.items()}})
+        total_ms += ms
+        total_bytes += wts.nbytes()
+        print(f"GEMV M=1 {n:>6}x{k:<5}: {ms * 1e3:7.1f} us {gbps:6.0f} GB/s ({100 * gbps / copy_bw:4.1f}% of copy)"
+              f" | M=2/4/16: {small[2] * 1e3:.1f}/{small[4] * 1e3:.1f}/{small[16] * 1e3:.1f} us"
+              f" | _scaled_mm(M=16, per-tensor): {'n/a' if smm is None else f'{smm * 1e3:.1f} us'}"
+              f" | bf16 matmul M=1: {bf_ms * 1e3:.1f} us")
+        del wts
+        torch.cuda.empty_cache()
+    layer_gbps = total_bytes / total_ms / 1e6
+    res["gemv"] = rows
+    res["per_layer_ms"] = total_ms
+    res["per_token_40_layers_ms"] = total_ms * LAYERS
+    print(f"per layer: {total_bytes / 1e6:.1f} MB in {total_ms * 1e3:.1f} us = {layer_gbps:.0f} GB/s "
+          f"({100 * layer_gbps / copy_bw:.1f}% of copy); 40 layers: {total_ms * LAYERS:.2f} ms per decode token")
+
+    # Prefill, M = 2048
+    prow = []
+    m = 2048
+    for n, k in SHAPES:
+        flops = 2 * m * n * k
+        xb = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        wb = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        bf_ms = bench(lambda: torch.matmul(xb, wb.t()), 20)  # noqa: B023
+        entry = {"n": n, "k": k, "bf16_TFLOPs": flops / bf_ms / 1e9}
+        for bn_, bk_ in ((32, 32), (128, 128)):
+            wts = Weights(n, k, bn_, bk_, 1)
+            t_best, c_best = gemv_time(wts, m, None), "default"
+            if args.sweep:
+                for cfg in PREFILL_SWEEP[bk_]:
+                    try:
+                        t = gemv_time(wts, m, cfg)
+                    except Exception as e:  # noqa: BLE001
+                        print(f"  cfg {cfg} failed: {type(e).__name__}")
+                        continue
+                    if t < t_best:
+                        t_best, c_best = t, str(cfg)
+                print(f"  prefill best {n}x{k} [{bn_},{bk_}]: {flops / t_best / 1e9:.0f} TFLOP/s {c_best}")
+            entry[f"fp8_{bn_}_TFLOPs"] = flops / t_best / 1e9
+            entry[f"fp8_{bn_}_cfg"] = c_best
+        a = torch.randn(m, k, device="cuda").to(FP8)
+        one = torch.ones((), device="cuda")
+        try:
+            smm = bench(lambda: torch._scaled_mm(a, wts.w[0].t(), scale_a=one, scale_b=one,  # noqa: B023
+                                                 out_dtype=torch.bfloat16), 20)
+            entry["scaled_mm_TFLOPs"] = flops / smm / 1e9
+        except Exception:  # noqa: BLE001
+            entry["scaled_mm_TFLOPs"] = None
+        prow.append(entry)
+        sm_txt = "n/a" if entry["scaled_mm_TFLOPs"] is None else f"{entry['scaled_mm_TFLOPs']:.0f}"
+        print(f"GEMM M=2048 {n:>6}x{k:<5}: fp8[32,32] {entry['fp8_32_TFLOPs']:6.0f} TFLOP/s "
+              f"({100 * entry['fp8_32_TFLOPs'] / entry['bf16_TFLOPs']:3.0f}% of bf16), fp8[128,128] "
+              f"{entry['fp8_128_TFLOPs']:6.0f} ({100 * entry['fp8_128_TFLOPs'] / entry['bf16_TFLOPs']:3.0f}%), "
+              f"bf16 matmul {entry['bf16_TFLOPs']:6.0f}, _scaled_mm per-tensor {sm_txt}")
+        torch.cuda.empty_cache()
+    res["prefill"] = prow
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
