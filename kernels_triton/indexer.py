@@ -253,6 +253,7 @@ def _mqa_logits_kernel(
             hi = tl.load(lens_ptr + r).to(tl.int64)
         else:
             hi = tl.load(lens_ptr + b).to(tl.int64) - NEXT_N + 1 + r % NEXT_N
+        hi = tl.minimum(hi, n_keys)  # n_keys = the block table's capacity: never read past a row
         lo = hi * 0
         key = cols.to(tl.int64)
     else:
@@ -364,7 +365,7 @@ def paged_mqa_logits_triton(
         else block_table.to(torch.int32).contiguous()
     out = torch.empty(b * n, max_context_len, dtype=torch.float32, device=data.device)
     return _run(q3, q_sf, h, d, kv_cache.view(torch.uint8), None, width == 68, weights, out, lens, None, table,
-                0, next_n=n, lens_2d=lens_2d, paged=True, block_kv=block)
+                table.shape[1] * block, next_n=n, lens_2d=lens_2d, paged=True, block_kv=block)
 
 
 def mqa_logits_triton(
