@@ -1,0 +1,862 @@
+"""DeepSeek-V4 functions of SGLang's device-generic ("XPU") kernel route, in PyTorch.
+
+SGLang 0.5.23 sends DeepSeek-V4 through plain `sgl_kernel` functions (and two `torch.ops.sgl_kernel`
+ops) wherever a module's `_is_xpu` / `is_xpu()` is true, instead of FlashMLA, TileLang and its CUDA
+JIT kernels. winport sets that flag for the V4 modules and serves the names from here. Every function
+reproduces the CUDA JIT kernel the XPU branch replaces (the call sites in
+`sglang/kernels/ops/attention/dsv4/{compress,norm_rope,topk}.py`, `srt/models/deepseek_v4.py` and
+`srt/models/deepseek_v4_mhc.py` fix the signatures), written from the kernels' semantics:
+
+- compress plans: uint8 buffers whose byte layout is fixed by the CUDA structs (little endian)
+  `DecodePlan {u32 seq_len; i32 write_loc; i32 read_page_0; i32 read_page_1}` (16 B),
+  `CompressPlan {u32 seq_len; u16 ragged_id; u16 buffer_len; i32 read_page_0; i32 read_page_1}`
+  (16 B, invalid = seq_len 0xFFFFFFFF, 0, 0, -1, -1) and `WritePlan {u32 ragged_id; i32 write_loc}`
+  (8 B, invalid = all ones). They are built on the host (they are tiny) and moved to the device.
+- C4 / C128 compression: softmax-gated pooling (score + ape bias) over a window of 8 tokens with
+  overlap (ratio 4) or 128 tokens (ratio 128), reading older tokens from the paged kv/score state
+  buffer and newer ones from the ragged input; decode also writes the new token into the state.
+- norm + RoPE + store: RMSNorm, interleaved-pair RoPE on the last 64 dims, then the FP8 store into
+  the V4 KV cache (584 B/token, 7 UE8M0 tiles of 64 + bf16 rope) or the indexer caches (FP8:
+  Hadamard + one fp32 scale per 128; FP4: Hadamard + e2m1 with one UE8M0 scale per 32).
+- top-k transforms (`torch.ops.sgl_kernel.topk_transform`, `topk_transform_ragged`).
+- mHC: hc_split_sinkhorn, mhc_pre, hc_post (= mhc_post) and their fusion, plus the LM-head mixer.
+  The mHC math lives in `kernels_triton.mhc` (torch reference + Triton); this module only adapts
+  the XPU-route signatures to it.
+
+All functions are device-agnostic torch code; inputs on CUDA stay on CUDA (plans are built on the host
+and copied). Nothing here is fast: it is the CPU path and the semantic reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "compress_norm_rope_store",
+    "flash_compress4_decode",
+    "flash_compress4_prefill",
+    "flash_compress128_decode",
+    "flash_compress128_prefill",
+    "fused_hc_head",
+    "fused_k_norm_rope_flashmla",
+    "fused_q_indexer_rope_hadamard_quant",
+    "fused_q_norm_rope",
+    "hc_post",
+    "hc_split_sinkhorn",
+    "mhc_fused_post_pre",
+    "mhc_pre",
+    "plan_compress_decode",
+    "plan_compress_decode_legacy",
+    "plan_compress_prefill",
+    "plan_compress_prefill_legacy",
+    "topk_transform",
+    "topk_transform_ragged",
+]
+
+# ------------------------------------------------------------------------------------------------
+# Layout constants (facts from SGLang 0.5.23's compress_v2.cuh, kv_layout.cuh, fused_norm_rope_v2.cuh)
+# ------------------------------------------------------------------------------------------------
+PLAN_BYTES = 16  # DecodePlan and CompressPlan
+WRITE_PLAN_BYTES = 8  # WritePlan
+ROPE_DIM = 64
+FP8_MAX = 448.0
+QUANT_EPS = 1e-4  # the fused kernels clamp amax at 1e-4 before deriving a scale
+V4_NOPE = 448
+V4_TILE = 64
+V4_DATA_BYTES = 576  # 448 fp8 + 64 bf16
+V4_SCALE_BYTES = 8  # 7 UE8M0 + 1 pad (the pad byte is never written)
+V4_PAGE_ALIGN = 576
+INDEXER_FP8_BYTES = 132  # 128 fp8 + one fp32 scale
+INDEXER_FP4_BYTES = 68  # 64 bytes of e2m1 pairs + 4 UE8M0 scales
+_U32_INVALID = -1  # 0xFFFFFFFF read as int32
+
+
+def _v4_page_bytes(page_size: int) -> int:
+    """A V4 cache page: `page_size` x 584 bytes padded up to a multiple of 576 (FlashMLA's row stride)."""
+    return -(-page_size * (V4_DATA_BYTES + V4_SCALE_BYTES) // V4_PAGE_ALIGN) * V4_PAGE_ALIGN
+
+
+def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
+    """C integer division (truncates toward zero), so negative sentinels map as the CUDA code maps them."""
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+def _tmod(a: torch.Tensor, b: int) -> torch.Tensor:
+    """C `%` (sign of the dividend)."""
+    return torch.fmod(a, b)
+
+
+def _host_i64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Plan packing
+# ------------------------------------------------------------------------------------------------
+def _pack_words(words: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """int64 [N, k] words -> uint8 [N, 4k]: each word stored as a little-endian 32-bit value."""
+    w32 = (words & 0xFFFFFFFF).to(torch.int64)
+    w32 = torch.where(w32 >= 2**31, w32 - 2**32, w32).to(torch.int32).contiguous()
+    return w32.view(torch.uint8).reshape(words.shape[0], 4 * words.shape[1]).to(device)
+
+
+def _plan_c_words(seq_len: torch.Tensor, ragged: torch.Tensor, buffer_len: torch.Tensor,
+                  rp0: torch.Tensor, rp1: torch.Tensor) -> torch.Tensor:
+    """CompressPlan as four 32-bit words: u16 ragged_id and u16 buffer_len share word 1."""
+    return torch.stack([seq_len, (ragged & 0xFFFF) | ((buffer_len & 0xFFFF) << 16), rp0, rp1], dim=1)
+
+
+def _pad_rows(words: torch.Tensor, rows: int, invalid: list[int]) -> torch.Tensor:
+    if words.shape[0] >= rows:
+        return words
+    pad = torch.tensor(invalid, dtype=torch.int64).expand(rows - words.shape[0], len(invalid))
+    return torch.cat([words, pad], dim=0)
+
+
+def _prefill_events(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: int, ratio: int,
+                    first_write: torch.Tensor, extra_write: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, ...]:
+    """Stage 0 of the prefill planner: which ragged tokens compress and which write into the state.
+
+    Returns, per compress event, (batch, position, ragged_id, buffer_len) and per write event
+    (batch, position, ragged_id), in batch-then-token order (the host planner's order).
+    `first_write[b]` is the first position of request b that is written; `extra_write` is a
+    per-token mask of additional writes (the ratio-4 SWA page tail), or None.
+    """
+    if ratio not in (4, 128):
+        raise ValueError(f"compress_ratio must be 4 or 128, got {ratio}")
+    ext = extend_lens
+    if bool((ext <= 0).any()) or bool((ext > seq_lens).any()):
+        raise ValueError("every request needs 0 < extend_len <= seq_len")
+    if int(ext.sum()) != num_q_tokens:
+        raise ValueError(f"extend lengths sum to {int(ext.sum())}, not num_q_tokens={num_q_tokens}")
+    if num_q_tokens > 65536 or seq_lens.shape[0] > num_q_tokens:
+        raise ValueError("ragged ids are uint16: at most 65536 tokens, and batch_size <= num_q_tokens")
+    window = ratio * 2 if ratio == 4 else ratio
+    batch = torch.repeat_interleave(torch.arange(seq_lens.shape[0]), ext)
+    starts = torch.cumsum(ext, 0) - ext
+    ragged = torch.arange(num_q_tokens)
+    j = ragged - starts[batch]
+    pos = (seq_lens - ext)[batch] + j
+    is_c = (pos + 1) % ratio == 0
+    buffer_len = window - torch.clamp(j + 1, max=window)
+    is_w = pos >= first_write[batch]
+    if extra_write is not None:
+        is_w |= extra_write(pos)
+    return (batch[is_c], pos[is_c], ragged[is_c], buffer_len[is_c], batch[is_w], pos[is_w], ragged[is_w])
+
+
+def _state_loc(r2t: torch.Tensor, f2s: torch.Tensor, rid: torch.Tensor, pos: torch.Tensor, swa_page_size: int,
+               ring_size: int) -> torch.Tensor:
+    """Ratio-4 state slot of token `pos` of request `rid`: full loc -> SWA loc -> ring slot of its page."""
+    stride = r2t.shape[1]
+    flat = r2t.reshape(-1)
+    raw = flat[(rid * stride + pos).clamp(0, flat.numel() - 1)].to(torch.int64)
+    swa = f2s[raw.clamp(0, f2s.numel() - 1)].to(torch.int64)
+    swa = ((swa + 2**31) % 2**32) - 2**31  # the kernel holds the SWA loc in an int32
+    return _tdiv(swa, swa_page_size) * ring_size + _tmod(swa, ring_size)
+
+
+def _ring_loc(rid: torch.Tensor, pos: torch.Tensor, ring_size: int) -> torch.Tensor:
+    """Ratio-128 state slot: a per-request ring of `ring_size` tokens."""
+    return rid * ring_size + _tmod(pos, ring_size)
+
+
+def plan_compress_prefill(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, full_to_state: torch.Tensor,
+                          seq_lens: torch.Tensor, extend_lens: torch.Tensor, pin_buffer: torch.Tensor,
+                          num_q_tokens: int, compress_ratio: int, swa_page_size: int, ring_size: int,
+                          use_cuda_graph: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replaces sgl_kernel `plan_compress_prefill` (XPU) = JIT `c_plan.cuh::plan_compress_prefill`
+    with use_req_ring=False.
+
+    Returns (plan_c uint8 [C, 16], plan_w uint8 [W, 8]) on `req_pool_indices.device`. A token at
+    position p compresses when (p + 1) % ratio == 0; it is written into the compress state when it
+    may still be read by a later compression (p >= first_w_pos, or for ratio 4 the last `ratio`
+    slots of its SWA page). C and W are the event counts, or num_q_tokens (padded with invalid plans)
+    when `use_cuda_graph` or when seq_lens live on the GPU (the device planner always pads).
+    `pin_buffer` is the host scratch of the CUDA planner; unused here.
+    """
+    del pin_buffer
+    ratio = int(compress_ratio)
+    sps, ring = int(swa_page_size), int(ring_size)
+    if sps % ring != 0 or ring % ratio != 0:
+        raise ValueError("need swa_page_size % ring_size == 0 and ring_size % compress_ratio == 0")
+    device = req_pool_indices.device
+    pad = bool(use_cuda_graph) or seq_lens.device.type != "cpu"
+    sl, el = _host_i64(seq_lens), _host_i64(extend_lens)
+    rid_all, r2t, f2s = _host_i64(req_pool_indices), req_to_token.detach().cpu(), _host_i64(full_to_state)
+    overlap = ratio == 4
+    window = 2 * ratio if overlap else ratio
+    # Trailing tokens kept resident for speculative verify (0 when the ring is one window wide).
+    mtp_pad = ring - window + 2 if ring > window else 0
+    last_c = sl // ratio * ratio
+    first_w = torch.minimum(last_c - (ratio if overlap else 0), sl - mtp_pad)
+    extra = (lambda p: p % sps >= sps - ratio) if overlap else None
+    cb, cpos, cragged, cbuf, wb, wpos, wragged = _prefill_events(sl, el, int(num_q_tokens), ratio, first_w, extra)
+
+    crid = rid_all[cb]
+    pos1 = cpos
+    pos0 = torch.clamp(pos1 - ratio, min=0)
+    if ratio == 128:
+        rp0, rp1 = _tdiv(_ring_loc(crid, pos0, ring), ratio), _tdiv(_ring_loc(crid, pos1, ring), ratio)
+    else:
+        rp0 = _tdiv(_state_loc(r2t, f2s, crid, pos0, sps, ring), ratio)
+        rp1 = _tdiv(_state_loc(r2t, f2s, crid, pos1, sps, ring), ratio)
+    # A window fully inside the extend reads no state: its pages keep the stage-0 values (-1, batch id).
+    has_buf = cbuf > 0
+    rp0 = torch.where(has_buf, rp0, torch.full_like(rp0, -1))
+    rp1 = torch.where(has_buf, rp1, cb)
+    words_c = _plan_c_words(pos1 + 1, cragged, cbuf, rp0, rp1)
+
+    wrid = rid_all[wb]
+    wloc = _ring_loc(wrid, wpos, ring) if ratio == 128 else _state_loc(r2t, f2s, wrid, wpos, sps, ring)
+    words_w = torch.stack([wragged, wloc], dim=1)
+    if pad:
+        words_c = _pad_rows(words_c, int(num_q_tokens), [_U32_INVALID, 0, -1, -1])
+        words_w = _pad_rows(words_w, int(num_q_tokens), [_U32_INVALID, -1])
+    return _pack_words(words_c, device), _pack_words(words_w, device)
+
+
+def plan_compress_decode(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, full_to_state: torch.Tensor,
+                         seq_lens: torch.Tensor, compress_ratio: int, swa_page_size: int,
+                         ring_size: int) -> torch.Tensor:
+    """Replaces sgl_kernel `plan_compress_decode` (XPU) = JIT `plan_compress_decode` (use_req_ring=False).
+
+    One DecodePlan per request (uint8 [B, 16]): the new token (position seq_len - 1) is written at
+    write_loc; read_page_0 / read_page_1 are the state pages holding positions seq_len-1-ratio
+    (clamped at 0) and seq_len-1.
+    """
+    ratio, sps, ring = int(compress_ratio), int(swa_page_size), int(ring_size)
+    device = req_pool_indices.device
+    rid, sl = _host_i64(req_pool_indices), _host_i64(seq_lens)
+    pos1 = sl - 1
+    pos0 = torch.clamp(pos1 - ratio, min=0)
+    if ratio == 128:
+        write = _ring_loc(rid, pos1, ring)
+        rp0 = _tdiv(_ring_loc(rid, pos0, ring), ratio)
+        rp1 = _tdiv(write, ratio)
+    else:
+        r2t, f2s = req_to_token.detach().cpu(), _host_i64(full_to_state)
+        write = _state_loc(r2t, f2s, rid, pos1, sps, ring)
+        rp0 = _tdiv(_state_loc(r2t, f2s, rid, pos0, sps, ring), ratio)
+        rp1 = _tdiv(write, ratio)
+    return _pack_words(torch.stack([sl, write, rp0, rp1], dim=1), device)
+
+
+def _legacy_page(rid: torch.Tensor, pos: torch.Tensor, ratio: int) -> torch.Tensor:
+    """Legacy per-request ring: ratio 4 owns 2 pages per request (alternating by window), 128 one."""
+    if ratio == 4:
+        return rid * 2 + (_tdiv(pos, 4) & 1)
+    return rid
+
+
+def _legacy_loc(rid: torch.Tensor, pos: torch.Tensor, ratio: int) -> torch.Tensor:
+    return _legacy_page(rid, pos, ratio) * ratio + _tmod(pos, ratio)
+
+
+def plan_compress_prefill_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                                 extend_lens: torch.Tensor, pin_buffer: torch.Tensor, num_q_tokens: int,
+                                 compress_ratio: int, use_cuda_graph: bool = False
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replaces sgl_kernel `plan_compress_prefill_legacy` (XPU) = JIT `plan_compress_prefill_legacy`.
+
+    Same events as `plan_compress_prefill` without the SWA-page tail writes or the MTP pad, slots from
+    the legacy per-request ring (`_legacy_page`). Every valid CompressPlan gets its read pages.
+    """
+    del pin_buffer
+    ratio = int(compress_ratio)
+    device = req_pool_indices.device
+    sl, el, rid_all = _host_i64(seq_lens), _host_i64(extend_lens), _host_i64(req_pool_indices)
+    first_w = sl // ratio * ratio - (ratio if ratio == 4 else 0)
+    cb, cpos, cragged, cbuf, wb, wpos, wragged = _prefill_events(sl, el, int(num_q_tokens), ratio, first_w, None)
+    crid = rid_all[cb]
+    pos0 = torch.clamp(cpos - ratio, min=0)
+    words_c = _plan_c_words(cpos + 1, cragged, cbuf, _legacy_page(crid, pos0, ratio), _legacy_page(crid, cpos, ratio))
+    words_w = torch.stack([wragged, _legacy_loc(rid_all[wb], wpos, ratio)], dim=1)
+    if use_cuda_graph:
+        words_c = _pad_rows(words_c, int(num_q_tokens), [_U32_INVALID, 0, -1, -1])
+        words_w = _pad_rows(words_w, int(num_q_tokens), [_U32_INVALID, -1])
+    return _pack_words(words_c, device), _pack_words(words_w, device)
+
+
+def plan_compress_decode_legacy(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                                compress_ratio: int) -> torch.Tensor:
+    """Replaces sgl_kernel `plan_compress_decode_legacy` (XPU) = JIT `plan_compress_decode_legacy`."""
+    ratio = int(compress_ratio)
+    rid, sl = _host_i64(req_pool_indices), _host_i64(seq_lens)
+    pos1 = sl - 1
+    pos0 = torch.clamp(pos1 - ratio, min=0)
+    words = torch.stack([sl, _legacy_loc(rid, pos1, ratio), _legacy_page(rid, pos0, ratio),
+                         _legacy_page(rid, pos1, ratio)], dim=1)
+    return _pack_words(words, req_pool_indices.device)
+
+
+def _unpack_words(plan: torch.Tensor, width: int) -> torch.Tensor:
+    """uint8 [N, 4*width] plan -> int64 [N, width] (each word read as int32)."""
+    return plan.contiguous().view(torch.int32).reshape(plan.shape[0], width).to(torch.int64)
+
+
+def _decode_plan(plan_d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    w = _unpack_words(plan_d, 4)
+    return w[:, 0] & 0xFFFFFFFF, w[:, 1], w[:, 2], w[:, 3]
+
+
+def _compress_plan(plan_c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(valid, seq_len, ragged_id, buffer_len, read_page_0, read_page_1) of CompressPlans."""
+    w = _unpack_words(plan_c, 4)
+    valid = w[:, 0] != _U32_INVALID
+    return valid, w[:, 0] & 0xFFFFFFFF, w[:, 1] & 0xFFFF, (w[:, 1] >> 16) & 0xFFFF, w[:, 2], w[:, 3]
+
+
+def _write_plan(plan_w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w = _unpack_words(plan_w, 2)
+    return w[:, 0] != _U32_INVALID, w[:, 0] & 0xFFFFFFFF, w[:, 1]
+
+
+# ------------------------------------------------------------------------------------------------
+# C4 / C128 compression
+# ------------------------------------------------------------------------------------------------
+def _gated_pool(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """[R, W, D] values and scores (input dtype) + ape [W, D] -> [R, D]: softmax over W in fp32."""
+    logits = score.float() + ape.float().unsqueeze(0)
+    weights = torch.softmax(logits, dim=1)
+    return (weights * kv.float()).sum(1).to(out_dtype)
+
+
+def _as_input(buf_vals: torch.Tensor, in_dtype: torch.dtype) -> torch.Tensor:
+    """State values are first rounded to the input dtype (the kernels convert before the math)."""
+    return buf_vals.to(in_dtype)
+
+
+def _check_compress(kv_buffer: torch.Tensor, kv_input: torch.Tensor, ape: torch.Tensor, ratio: int) -> int:
+    coff = 4 if ratio == 4 else 2
+    hd = kv_input.shape[-1] // coff
+    if kv_buffer.dim() != 3 or kv_buffer.shape[1] != ratio or kv_buffer.shape[2] != coff * hd:
+        raise ValueError(f"kv_buffer must be [pages, {ratio}, {coff * hd}], got {tuple(kv_buffer.shape)}")
+    if tuple(ape.shape) != ((8 if ratio == 4 else 128), hd):
+        raise ValueError(f"ape must be [{8 if ratio == 4 else 128}, {hd}], got {tuple(ape.shape)}")
+    return hd
+
+
+def _c4_window(kv_buffer: torch.Tensor, kv_input: torch.Tensor, src: torch.Tensor, rp0: torch.Tensor,
+               rp1: torch.Tensor, buffer_len: torch.Tensor, need_overlap: torch.Tensor, hd: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8-token window of each compression: (kv, score) [R, 8, hd] in the input dtype.
+
+    Slot i < 4 is the overlap half (previous window: first and third quarter of an element), slot
+    i >= 4 the current window (second and fourth quarter). Slot i comes from the state page when
+    i < buffer_len, else from ragged input row src - 7 + i. Without overlap (first window) the
+    overlap half has value 0 and score -inf.
+    """
+    dev, in_dtype = kv_input.device, kv_input.dtype
+    r = src.shape[0]
+    i = torch.arange(4, device=dev)
+    n_in = kv_input.shape[0]
+    ov_rows = kv_input[(src[:, None] - 7 + i).clamp(0, n_in - 1)]  # [R, 4, 4hd]
+    cur_rows = kv_input[(src[:, None] - 3 + i).clamp(0, n_in - 1)]
+    buf0 = _as_input(kv_buffer[rp0.clamp(0, kv_buffer.shape[0] - 1)], in_dtype)  # [R, 4, 4hd]
+    buf1 = _as_input(kv_buffer[rp1.clamp(0, kv_buffer.shape[0] - 1)], in_dtype)
+    use0 = (i[None, :] < buffer_len[:, None]).unsqueeze(-1)
+    use1 = ((i[None, :] + 4) < buffer_len[:, None]).unsqueeze(-1)
+    ov = torch.where(use0, buf0, ov_rows)
+    cur = torch.where(use1, buf1, cur_rows)
+    kv = torch.cat([ov[..., :hd], cur[..., hd:2 * hd]], dim=1)
+    score = torch.cat([ov[..., 2 * hd:3 * hd], cur[..., 3 * hd:]], dim=1)
+    no_ov = ~need_overlap.view(r, 1, 1) & (torch.arange(8, device=dev) < 4).view(1, 8, 1)
+    kv = kv.masked_fill(no_ov, 0)
+    score = score.float().masked_fill(no_ov, float("-inf"))
+    return kv, score
+
+
+def _c128_window(kv_buffer: torch.Tensor, kv_input: torch.Tensor, src: torch.Tensor, rp1: torch.Tensor,
+                 buffer_len: torch.Tensor, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 128-token window: slot j from state page rp1 when j < buffer_len, else input row src-127+j."""
+    dev = kv_input.device
+    j = torch.arange(128, device=dev)
+    rows = kv_input[(src[:, None] - 127 + j).clamp(0, kv_input.shape[0] - 1)]  # [R, 128, 2hd]
+    buf = _as_input(kv_buffer[rp1.clamp(0, kv_buffer.shape[0] - 1)], kv_input.dtype)
+    win = torch.where((j[None, :] < buffer_len[:, None]).unsqueeze(-1), buf, rows)
+    return win[..., :hd], win[..., hd:]
+
+
+def _write_state(kv_buffer: torch.Tensor, rows: torch.Tensor, loc: torch.Tensor) -> None:
+    """kv_buffer viewed as one element per token slot: slot loc[i] <- rows[i] (cast to the buffer dtype)."""
+    if loc.numel():
+        kv_buffer.view(-1, kv_buffer.shape[-1])[loc] = rows.to(kv_buffer.dtype)
+
+
+def flash_compress4_decode(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
+                           ape: torch.Tensor, plan_d: torch.Tensor) -> None:
+    """Replaces sgl_kernel `flash_compress4_decode` (XPU) = JIT `FlashCompress4Kernel::run_decode` (c4_v2.cuh).
+
+    kv_buffer [pages, 4, 4*hd] (| kv overlap | kv | score overlap | score |), kv_input [B, 4*hd],
+    kv_output [B, hd], ape [8, hd]. Writes each token into its state slot, then for requests whose
+    seq_len is a multiple of 4 pools the 8 state slots of pages read_page_0 (overlap half) and
+    read_page_1 into kv_output (other rows untouched).
+    """
+    hd = _check_compress(kv_buffer, kv_input, ape, 4)
+    dev = kv_input.device
+    seq, write, rp0, rp1 = (t.to(dev) for t in _decode_plan(plan_d))
+    _write_state(kv_buffer, kv_input, write)
+    rows = torch.nonzero(seq % 4 == 0).flatten()
+    if rows.numel() == 0:
+        return
+    full = torch.full_like(rows, 8)
+    kv, score = _c4_window(kv_buffer, kv_input, rows, rp0[rows], rp1[rows], full, seq[rows] > 4, hd)
+    kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
+
+
+def flash_compress4_prefill(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
+                            ape: torch.Tensor, plan_c: torch.Tensor, plan_w: torch.Tensor) -> None:
+    """Replaces sgl_kernel `flash_compress4_prefill` (XPU) = JIT `FlashCompress4Kernel::run_prefill`.
+
+    kv_input is ragged [num_q_tokens, 4*hd]; kv_output [C, hd] gets one row per CompressPlan (invalid
+    plans leave their row). All compressions read the state before the write plans store tokens.
+    """
+    hd = _check_compress(kv_buffer, kv_input, ape, 4)
+    dev = kv_input.device
+    valid, seq, ragged, buf_len, rp0, rp1 = (t.to(dev) for t in _compress_plan(plan_c))
+    rows = torch.nonzero(valid).flatten()
+    if rows.numel():
+        kv, score = _c4_window(kv_buffer, kv_input, ragged[rows], rp0[rows], rp1[rows], buf_len[rows],
+                               seq[rows] > 4, hd)
+        kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
+    w_valid, w_ragged, w_loc = (t.to(dev) for t in _write_plan(plan_w))
+    _write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+
+
+def flash_compress128_decode(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
+                             ape: torch.Tensor, plan_d: torch.Tensor) -> None:
+    """Replaces sgl_kernel `flash_compress128_decode` (XPU) = JIT `FlashCompress128Kernel::run_decode` (c128_v2.cuh).
+
+    kv_buffer [pages, 128, 2*hd] (| kv | score |), kv_input [B, 2*hd], ape [128, hd]. Writes the token,
+    then when it filled the last slot of its page (write_loc % 128 == 127) pools page read_page_1.
+    """
+    hd = _check_compress(kv_buffer, kv_input, ape, 128)
+    dev = kv_input.device
+    _, write, _, rp1 = (t.to(dev) for t in _decode_plan(plan_d))
+    _write_state(kv_buffer, kv_input, write)
+    rows = torch.nonzero(_tmod(write, 128) == 127).flatten()
+    if rows.numel() == 0:
+        return
+    kv, score = _c128_window(kv_buffer, kv_input, rows, rp1[rows], torch.full_like(rows, 128), hd)
+    kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
+
+
+def flash_compress128_prefill(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
+                              ape: torch.Tensor, plan_c: torch.Tensor, plan_w: torch.Tensor) -> None:
+    """Replaces sgl_kernel `flash_compress128_prefill` (XPU) = JIT `FlashCompress128Kernel::run_prefill`."""
+    hd = _check_compress(kv_buffer, kv_input, ape, 128)
+    dev = kv_input.device
+    valid, _, ragged, buf_len, _, rp1 = (t.to(dev) for t in _compress_plan(plan_c))
+    rows = torch.nonzero(valid).flatten()
+    if rows.numel():
+        kv, score = _c128_window(kv_buffer, kv_input, ragged[rows], rp1[rows], buf_len[rows], hd)
+        kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
+    w_valid, w_ragged, w_loc = (t.to(dev) for t in _write_plan(plan_w))
+    _write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+
+
+# ------------------------------------------------------------------------------------------------
+# Norm, RoPE, Hadamard, quantization, cache stores
+# ------------------------------------------------------------------------------------------------
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """fp32 RMSNorm over the last dim (weight, when given, already in the kernel's dtype)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.float()
+
+
+def _rope_pairs(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved (real, imag) pairs of fp32 `x` [..., 64] by `freqs` [..., 64] = (cos, sin) pairs."""
+    xr, xi = x[..., 0::2], x[..., 1::2]
+    c, s = freqs[..., 0::2], freqs[..., 1::2]
+    return torch.stack([xr * c - xi * s, xr * s + xi * c], dim=-1).flatten(-2)
+
+
+def _hadamard128(x: torch.Tensor) -> torch.Tensor:
+    """Orthonormal Walsh-Hadamard transform (natural order) of fp32 rows [..., 128].
+
+    Butterflies over index bits 0..6 in that order, lower half keeping the sum: the kernels' order.
+    """
+    shape = x.shape
+    y = x.reshape(-1, 128)
+    for b in range(7):
+        h = 1 << b
+        v = y.reshape(-1, 128 // (2 * h), 2, h)
+        y = torch.stack([v[:, :, 0] + v[:, :, 1], v[:, :, 0] - v[:, :, 1]], dim=2).reshape(-1, 128)
+    return (y * torch.rsqrt(torch.tensor(128.0, device=x.device))).reshape(shape)
+
+
+def _ue8m0(x: torch.Tensor) -> torch.Tensor:
+    """Smallest power of two >= positive fp32 x, as its biased exponent (int32): exp + (mantissa != 0)."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+
+
+def _inv_ue8m0(e: torch.Tensor) -> torch.Tensor:
+    """2 ** (127 - e) as fp32 (exact: built from its bits)."""
+    return ((254 - e).to(torch.int32) << 23).view(torch.float32)
+
+
+def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Saturating fp32 -> e4m3 (round to nearest even) as raw bytes."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _e2m1_code(x: torch.Tensor) -> torch.Tensor:
+    """e2m1 code of fp32 x: magnitude index by the midpoints (ties down), sign bit only for nonzero codes."""
+    ax = x.abs().clamp(max=6.0)
+    idx = torch.zeros_like(ax, dtype=torch.int32)
+    for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
+        idx += (ax > t).to(torch.int32)
+    return torch.where((x < 0) & (idx != 0), idx | 8, idx)
+
+
+def _pages(kvcache: torch.Tensor, page_bytes: int) -> torch.Tensor:
+    """The cache as [num_pages, page_bytes] uint8 (the kernels require exactly this page stride)."""
+    u8 = kvcache.view(torch.uint8) if kvcache.element_size() == 1 else kvcache
+    if u8.dim() != 2 or u8.stride(0) != page_bytes or u8.stride(1) != 1:
+        raise ValueError(f"kvcache must be [pages, {page_bytes}] bytes with stride ({page_bytes}, 1), "
+                         f"got shape {tuple(u8.shape)} stride {u8.stride()}")
+    return u8
+
+
+def _put(pages: torch.Tensor, page: torch.Tensor, offset: torch.Tensor, data: torch.Tensor) -> None:
+    """pages[page[i], offset[i] + k] = data[i, k] for all k."""
+    cols = offset[:, None] + torch.arange(data.shape[1], device=pages.device)[None, :]
+    pages[page[:, None].expand_as(cols), cols] = data
+
+
+def _store_v4(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor, freqs: torch.Tensor,
+              round_nope_bf16: bool) -> None:
+    """Normalized fp32 rows [N, 512] -> V4 cache rows at `loc`: rope the tail, FP8-quantize the 448 nope dims.
+
+    Each 64-wide tile gets a UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)). The compress store
+    rounds the nope values to bf16 first (it mirrors the unfused bf16 path); the main K store does not.
+    """
+    nope = data[:, :V4_NOPE]
+    if round_nope_bf16:
+        nope = nope.to(torch.bfloat16).float()
+    tiles = nope.reshape(-1, V4_NOPE // V4_TILE, V4_TILE)
+    e = _ue8m0(torch.clamp(tiles.abs().amax(-1), min=QUANT_EPS) / FP8_MAX)
+    q = _to_e4m3(tiles * _inv_ue8m0(e).unsqueeze(-1)).reshape(-1, V4_NOPE)
+    rope = _rope_pairs(data[:, V4_NOPE:], freqs).to(torch.bfloat16).contiguous().view(torch.uint8)
+    page, slot = loc // page_size, loc % page_size
+    _put(pages, page, slot * V4_DATA_BYTES, torch.cat([q, rope], dim=1))
+    _put(pages, page, page_size * V4_DATA_BYTES + slot * V4_SCALE_BYTES, e.to(torch.uint8))
+
+
+def _store_indexer_fp8(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor) -> None:
+    """Hadamard-rotated fp32 rows [N, 128] -> FP8 indexer cache (128 e4m3 + fp32 scale amax/448)."""
+    scale = torch.clamp(data.abs().amax(-1), min=QUANT_EPS) / FP8_MAX
+    q = _to_e4m3(data * (1.0 / scale).unsqueeze(-1))
+    page, slot = loc // page_size, loc % page_size
+    _put(pages, page, slot * 128, q)
+    _put(pages, page, page_size * 128 + slot * 4, scale.contiguous().view(torch.uint8).reshape(-1, 4))
+
+
+def _quant_fp4_rows(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows [N, 128] -> (e2m1 bytes [N, 64], even index in the low nibble; UE8M0 bytes [N, 4] per 32)."""
+    groups = data.reshape(-1, 4, 32)
+    e = _ue8m0(torch.clamp(groups.abs().amax(-1), min=QUANT_EPS) / 6.0)
+    codes = _e2m1_code(groups * _inv_ue8m0(e).unsqueeze(-1)).reshape(-1, 128)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    return packed, e.to(torch.uint8)
+
+
+def _store_indexer_fp4(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor) -> None:
+    packed, e = _quant_fp4_rows(data)
+    page, slot = loc // page_size, loc % page_size
+    _put(pages, page, slot * 64, packed)
+    _put(pages, page, page_size * 64 + slot * 4, e)
+
+
+def compress_norm_rope_store(kv: torch.Tensor, plan: torch.Tensor, norm_weight: torch.Tensor, norm_eps: float,
+                             freqs_cis: torch.Tensor, out_loc: torch.Tensor, kvcache: torch.Tensor,
+                             is_decode: bool, compress_ratio: int, page_size: int, use_fp4: bool = False) -> None:
+    """Replaces sgl_kernel `compress_norm_rope_store` (XPU) = JIT `FusedNormRopeKernel::forward[_fp4]`
+    (fused_norm_rope_v2.cuh), V4 layout, no bf16 store.
+
+    kv [N, hd] compressed rows (hd 512: FlashMLA latent; 128: indexer), plan [N, 16] (DecodePlan when
+    is_decode, else CompressPlan), freqs_cis [max_pos, 64] fp32 (cos, sin) pairs, out_loc int64
+    (indexed by batch row in decode, by the plan's ragged_id in prefill). Rows that compressed
+    (decode: seq_len % ratio == 0; prefill: valid plan) are RMS-normalized with norm_weight (cast to
+    kv's dtype, as the CUDA wrapper does), roped at position seq_len - ratio and stored.
+    """
+    ratio, page_size = int(compress_ratio), int(page_size)
+    hd = kv.shape[-1]
+    if hd not in (128, 512):
+        raise ValueError(f"head_dim must be 128 (indexer) or 512 (latent), got {hd}")
+    if use_fp4 and hd != 128:
+        raise ValueError("the FP4 store is the indexer's (head_dim 128)")
+    dev = kv.device
+    if is_decode:
+        seq, _, _, _ = (t.to(dev) for t in _decode_plan(plan))
+        rows = torch.nonzero(seq % ratio == 0).flatten()
+        loc = out_loc[rows].to(torch.int64)
+    else:
+        valid, seq, ragged, _, _, _ = (t.to(dev) for t in _compress_plan(plan))
+        rows = torch.nonzero(valid).flatten()
+        loc = out_loc[ragged[rows]].to(torch.int64)
+    if rows.numel() == 0:
+        return
+    freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
+    data = _rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
+    if hd == 512:
+        _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
+        return
+    data = torch.cat([data[:, :ROPE_DIM], _rope_pairs(data[:, ROPE_DIM:], freqs)], dim=1)
+    data = _hadamard128(data)
+    if use_fp4:
+        _store_indexer_fp4(_pages(kvcache, INDEXER_FP4_BYTES * page_size), loc, page_size, data)
+    else:
+        _store_indexer_fp8(_pages(kvcache, INDEXER_FP8_BYTES * page_size), loc, page_size, data)
+
+
+def fused_k_norm_rope_flashmla(kv: torch.Tensor, kv_weight: torch.Tensor, freqs_cis: torch.Tensor,
+                               positions: torch.Tensor, out_loc: torch.Tensor, kvcache: torch.Tensor, eps: float,
+                               page_size: int) -> None:
+    """Replaces sgl_kernel `fused_k_norm_rope_flashmla` (XPU) = JIT `FusedKNormRopeFlashMLAKernel::forward`
+    (main_norm_rope.cuh), V4 layout.
+
+    kv [B, 512] (rows may be strided), RMSNorm with kv_weight, RoPE of the last 64 dims at
+    positions[b], FP8 store into the V4 cache at out_loc[b]; rows with out_loc < 0 are skipped.
+    """
+    page_size = int(page_size)
+    loc = out_loc.to(torch.int64)
+    rows = torch.nonzero(loc >= 0).flatten()
+    if rows.numel() == 0:
+        return
+    data = _rms_norm(kv[rows], kv_weight.to(kv.dtype), eps)
+    freqs = freqs_cis[positions[rows].to(torch.int64)].float()
+    _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc[rows], page_size, data, freqs, round_nope_bf16=False)
+
+
+def fused_q_norm_rope(q_input: torch.Tensor, q_output: torch.Tensor, freqs_cis: torch.Tensor,
+                      positions: torch.Tensor, eps: float) -> None:
+    """Replaces sgl_kernel `fused_q_norm_rope` (XPU) = JIT `FusedQNormRopeKernel::forward` with the norm.
+
+    q [B, H, D]: per head RMSNorm without weight, rounded to q's dtype, then RoPE (fp32 math) of the
+    last 64 dims at positions[b], written to q_output [B, H, D] (same dtype; may alias nothing).
+    """
+    normed = _rms_norm(q_input, None, eps).to(q_input.dtype)
+    freqs = freqs_cis[positions.to(torch.int64)].float().unsqueeze(1)  # [B, 1, 64]
+    rope = _rope_pairs(normed[..., -ROPE_DIM:].float(), freqs).to(q_output.dtype)
+    q_output[..., :-ROPE_DIM] = normed[..., :-ROPE_DIM].to(q_output.dtype)
+    q_output[..., -ROPE_DIM:] = rope
+
+
+def fused_q_indexer_rope_hadamard_quant(q_input: torch.Tensor, q_fp8: torch.Tensor, weight: torch.Tensor,
+                                        weights_out: torch.Tensor, weight_scale: float, freqs_cis: torch.Tensor,
+                                        positions: torch.Tensor) -> None:
+    """Replaces sgl_kernel `fused_q_indexer_rope_hadamard_quant` (XPU) = JIT
+    `FusedQIndexerRopeHadamardQuantKernel::forward` (V4: rope on the trailing 64 dims, Hadamard on).
+
+    q [B, H, 128] -> RoPE at positions[b], 128-point Hadamard, per-(token, head) FP8 with scale
+    max(amax, 1e-4) / 448 into q_fp8; weights_out [B, H, 1] = weight * weight_scale * scale (fp32).
+    """
+    data = q_input.float()
+    freqs = freqs_cis[positions.to(torch.int64)].float().unsqueeze(1)
+    data = torch.cat([data[..., :ROPE_DIM], _rope_pairs(data[..., ROPE_DIM:], freqs)], dim=-1)
+    data = _hadamard128(data)
+    scale = torch.clamp(data.abs().amax(-1), min=QUANT_EPS) / FP8_MAX  # [B, H]
+    q_fp8.view(torch.uint8).copy_(_to_e4m3(data * (1.0 / scale).unsqueeze(-1)))
+    w = weight.float() * torch.tensor(float(weight_scale), dtype=torch.float32, device=weight.device)
+    weights_out.copy_((w * scale).unsqueeze(-1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Top-k transforms (torch.ops.sgl_kernel)
+# ------------------------------------------------------------------------------------------------
+def _order_key(scores: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int64 key of fp32 scores (exact, total: no ties among distinct floats)."""
+    bits = scores.float().contiguous().view(torch.int32).to(torch.int64)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+
+
+def _select(keys: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """Column indices of the k largest valid keys per row (rows have more than k valid columns)."""
+    keys = keys.masked_fill(~valid, torch.iinfo(torch.int64).min)
+    return torch.topk(keys, min(k, keys.shape[1]), dim=1).indices
+
+
+def topk_transform(scores: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor,
+                   out_page_indices: torch.Tensor, page_size: int,
+                   out_raw_indices: torch.Tensor | None = None) -> None:
+    """Replaces torch.ops.sgl_kernel.topk_transform (XPU) = JIT `topk_v1.cuh::TopKKernel::transform`.
+
+    Row b picks k = out_page_indices.shape[1] columns of scores[b, :seq_lens[b]]: all of them in
+    order when seq_len <= k (then -1), else the k largest (order unspecified; here by value). Each
+    pick i is written as page_table[b, i >> log2(P)] << log2(P) | (i & (P - 1)); out_raw_indices
+    (optional) receives i.
+    """
+    if page_size <= 0 or page_size & (page_size - 1):
+        raise ValueError("page_size must be a power of 2")
+    bits = page_size.bit_length() - 1
+    b, k = out_page_indices.shape
+    dev = scores.device
+    sl = seq_lens.to(torch.int64)
+    cols = torch.arange(k, device=dev)
+    raw = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1).expand(b, k).clone()
+    big = sl > k
+    if bool(big.any()):
+        rows = torch.nonzero(big).flatten()
+        width = scores.shape[1]
+        valid = torch.arange(width, device=dev)[None, :] < sl[rows, None]
+        raw[rows] = _select(_order_key(scores[rows]), valid, k)
+    pt = page_table.to(torch.int64)
+    page = pt.gather(1, (raw.clamp(min=0) >> bits).clamp(max=pt.shape[1] - 1))
+    out = torch.where(raw >= 0, (page << bits) | (raw & (page_size - 1)), -1)
+    out_page_indices.copy_(out.to(out_page_indices.dtype))
+    if out_raw_indices is not None:
+        out_raw_indices.copy_(raw.to(out_raw_indices.dtype))
+
+
+def topk_transform_ragged(scores: torch.Tensor, seq_lens: torch.Tensor, out_indices: torch.Tensor,
+                          out_offsets: torch.Tensor, row_starts: torch.Tensor | None = None) -> None:
+    """Replaces torch.ops.sgl_kernel.topk_transform_ragged (XPU) = JIT `topk_v2.cuh::transform_ragged`.
+
+    Row i picks k = out_indices.shape[1] positions p of the window scores[i, s : s + seq_lens[i]]
+    (s = row_starts[i], 0 if None): all in order when seq_len <= k, else the k largest; writes
+    p + out_offsets[i], -1 padded. Unlike the CUDA kernel, `scores` is left unmodified.
+    """
+    n, k = out_indices.shape
+    dev = scores.device
+    sl = seq_lens.to(torch.int64)
+    off = out_offsets.to(torch.int64)
+    starts = torch.zeros_like(sl) if row_starts is None else row_starts.to(torch.int64)
+    cols = torch.arange(k, device=dev)
+    pos = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1).expand(n, k).clone()
+    big = sl > k
+    if bool(big.any()):
+        rows = torch.nonzero(big).flatten()
+        span = int(sl[rows].max())
+        j = torch.arange(span, device=dev)
+        idx = (starts[rows, None] + j[None, :]).clamp(0, scores.shape[1] - 1)
+        keys = _order_key(scores[rows].gather(1, idx))
+        pos[rows] = _select(keys, j[None, :] < sl[rows, None], k)
+    out = torch.where(pos >= 0, pos + off[:, None], -1)
+    out_indices.copy_(out.to(out_indices.dtype))
+
+
+def _register_ops() -> None:
+    """Define torch.ops.sgl_kernel.topk_transform / topk_transform_ragged (only these two names).
+
+    CompositeExplicitAutograd serves every backend (CPU and CUDA tensors alike); a real sgl_kernel
+    that already defines a name keeps it.
+    """
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")  # noqa: TOR901  (kept alive below)
+    schemas = {
+        "topk_transform": ("topk_transform(Tensor scores, Tensor seq_lens, Tensor page_table, "
+                           "Tensor(a!) out_page_indices, int page_size, Tensor(b!)? out_raw_indices=None) -> ()",
+                           topk_transform),
+        "topk_transform_ragged": ("topk_transform_ragged(Tensor scores, Tensor seq_lens, Tensor(a!) out_indices, "
+                                  "Tensor out_offsets, Tensor? row_starts=None) -> ()", topk_transform_ragged),
+    }
+    for name, (schema, fn) in schemas.items():
+        if _op_exists(name):
+            continue
+        lib.define(schema)
+        lib.impl(name, fn, "CompositeExplicitAutograd")
+    _LIBS.append(lib)
+
+
+def _op_exists(name: str) -> bool:
+    try:
+        torch._C._get_schema(f"sgl_kernel::{name}", "")
+    except RuntimeError:
+        return False
+    return True
+
+
+_LIBS: list[torch.library.Library] = []
+_register_ops()
+
+
+# ------------------------------------------------------------------------------------------------
+# mHC (math in kernels_triton.mhc; torch reference on CPU, Triton on CUDA)
+# ------------------------------------------------------------------------------------------------
+def _mhc():
+    from kernels_triton import mhc
+
+    return mhc
+
+
+def hc_split_sinkhorn(mixes: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, hc_mult: int = 4,
+                      sinkhorn_iters: int = 20, eps: float = 1e-6
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Replaces sgl_kernel `hc_split_sinkhorn` (XPU) = sglang.kernels.ops.layernorm.mhc.hc_split_sinkhorn.
+
+    mixes [b, s, (2+hc)*hc] -> pre [b, s, hc], post [b, s, hc] (x2 sigmoid), comb [b, s, hc, hc]
+    (Sinkhorn-normalized softmax), dtype of mixes.
+    """
+    m = _mhc()
+    fn = m.hc_split_sinkhorn if mixes.is_cuda else m.hc_split_sinkhorn_reference
+    return fn(mixes, hc_scale, hc_base, hc_mult, sinkhorn_iters, eps)
+
+
+def mhc_pre(residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor, rms_eps: float,
+            hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float, sinkhorn_repeat: int,
+            n_splits: int = 1, n_splits_pre: int = 32, *, norm_weight: torch.Tensor | None = None,
+            norm_eps: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Replaces sgl_kernel `mhc_pre` (XPU) = sglang.kernels.ops.layernorm.mhc.mhc_pre, except that `post`
+    comes back as [..., hc] (the XPU branch of DeepseekV4 hc_pre returns it without the squeeze the
+    TileLang branch applies).
+
+    residual [..., hc, h] bf16 -> (post [..., hc] f32, comb [..., hc, hc] f32, layer_input [..., h] bf16),
+    layer_input RMS-normalized with norm_weight when given.
+    """
+    m = _mhc()
+    f = m.mhc_pre if residual.is_cuda else m.mhc_pre_reference
+    post, comb, y = f(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                      sinkhorn_repeat, n_splits, n_splits_pre, norm_weight=norm_weight, norm_eps=norm_eps)
+    return post.squeeze(-1), comb, y
+
+
+def hc_post(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+            comb_res_mix: torch.Tensor) -> torch.Tensor:
+    """Replaces sgl_kernel `hc_post` (XPU) = sglang.kernels.ops.layernorm.mhc.mhc_post.
+
+    out[t, j] = post[t, j] * x[t] + sum_i comb[t, i, j] * residual[t, i], dtype of residual.
+    """
+    m = _mhc()
+    f = m.mhc_post if residual.is_cuda else m.mhc_post_reference
+    return f(x, residual, post_layer_mix, comb_res_mix)
+
+
+def mhc_fused_post_pre(x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
+                       comb_res_mix: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+                       rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
+                       sinkhorn_repeat: int, n_splits: int = 1, tile_n: int = 1, *,
+                       norm_weight: torch.Tensor | None = None, norm_eps: float | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Replaces sgl_kernel `mhc_fused_post_pre` (XPU) = sglang.kernels.ops.layernorm.mhc.mhc_fused_post_pre.
+
+    hc_post of the finished sublayer (rounded to bf16, as the fused kernel does) followed by mhc_pre of
+    the next: returns (residual [..., hc, h], post [..., hc, 1], comb [..., hc, hc], layer_input [..., h]).
+    """
+    del tile_n
+    hc, h = residual.shape[-2:]
+    outer = residual.shape[:-2]
+    res = hc_post(x.reshape(-1, h), residual.reshape(-1, hc, h), post_layer_mix.reshape(-1, hc),
+                  comb_res_mix.reshape(-1, hc, hc))
+    post, comb, y = mhc_pre(res, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value,
+                            sinkhorn_repeat, n_splits, norm_weight=norm_weight, norm_eps=norm_eps)
+    return res.view(*outer, hc, h), post.reshape(*outer, hc, 1), comb.reshape(*outer, hc, hc), y.reshape(*outer, h)
+
+
+def fused_hc_head(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
+                  norm_eps: float, hc_eps: float) -> torch.Tensor:
+    """Replaces sgl_kernel `fused_hc_head` (XPU) = sglang.kernels.ops.layernorm.mhc_head.fused_hc_head.
+
+    x [T, hc, h] -> y [T, h] (dtype of x): mixes = (x_flat @ hc_fn^T) * rsqrt(mean(x_flat^2) + norm_eps),
+    pre = sigmoid(mixes * scale + base) + hc_eps, y = sum_i pre[i] * x[i], all in fp32.
+    """
+    t, hc, h = x.shape
+    xf = x.reshape(t, hc * h).float()
+    rsqrt = torch.rsqrt(xf.square().mean(-1, keepdim=True) + norm_eps)
+    mixes = (xf @ hc_fn.float().t()) * rsqrt
+    pre = torch.sigmoid(mixes * hc_scale.float().reshape(-1)[0] + hc_base.float()) + hc_eps
+    return (pre.unsqueeze(-1) * xf.view(t, hc, h)).sum(1).to(x.dtype)
+
