@@ -32,6 +32,9 @@ Kernel notes (why it looks like this)
 - Two inner-loop modes: FP8 dot (tile K == scale group, per-group rescale of the fp32 partial) and
   DEQUANT (tile K spans several groups: both tiles are scaled in fp32, rounded to bf16 and multiplied
   on bf16 tensor cores). DEQUANT is also the path for GPUs without FP8 MMA (< SM89).
+- Prefill with 32-wide groups (V4.1) and M >= 256: dequantize both operands to bf16 with a Triton
+  kernel (weight in bounded N chunks) and multiply with torch.matmul (cuBLAS): the per-group rescale
+  inside a GEMM halves the tensor-core rate, a one-off dequant costs a few percent.
 - No Hopper-only features (no TMA / wgmma-specific APIs): SM89/SM120 users run the same code.
 """
 
@@ -140,6 +143,21 @@ if _HAVE_TRITON:
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _dequant_bf16_kernel(x_ptr, s_ptr, y_ptr, R, K, s_xr, s_xk, s_sr, s_sk,
+                             GR: tl.constexpr, GK: tl.constexpr, BLOCK_R: tl.constexpr,
+                             BLOCK_K: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
+        """y[r, k] = bf16(x[r, k] * s[r // GR, k // GK]) for a row-major bf16 y."""
+        rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+        msk = (rr < R)[:, None] & (kk < K)[None, :]
+        x = tl.load(x_ptr + rr[:, None].to(tl.int64) * s_xr + kk[None, :] * s_xk, mask=msk, other=0.0)
+        sc = tl.load(s_ptr + (rr // GR)[:, None] * s_sr + (kk // GK)[None, :] * s_sk, mask=msk, other=0.0)
+        y = x.to(tl.float32) * sc
+        if ROUND_BY_HAND:
+            y = _round_bf16(y)
+        tl.store(y_ptr + rr[:, None].to(tl.int64) * K + kk[None, :], y.to(tl.bfloat16), mask=msk)
 
     @triton.jit
     def _fp8_block_gemm_kernel(
@@ -355,6 +373,39 @@ def _fp8_block_gemm_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tens
     return out
 
 
+def dequant_bf16(x: torch.Tensor, s: torch.Tensor, gr: int, gk: int) -> torch.Tensor:
+    """Triton: fp8 [R, K] with block scales [ceil(R/gr), ceil(K/gk)] -> bf16 [R, K] (row-major)."""
+    r, k = x.shape
+    y = torch.empty(r, k, dtype=torch.bfloat16, device=x.device)
+    grid = (triton.cdiv(r, 32), triton.cdiv(k, 128))
+    _dequant_bf16_kernel[grid](x, s, y, r, k, x.stride(0), x.stride(1), s.stride(0), s.stride(1), GR=gr, GK=gk,
+                               BLOCK_R=32, BLOCK_K=128,
+                               ROUND_BY_HAND=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
+    return y
+
+
+# Prefill with small scale groups (V4.1's 32): per-group rescaling inside the GEMM costs about half
+# the tensor-core rate, so for large M the operands are dequantized to bf16 once (weight in N chunks,
+# bounded memory) and multiplied by cuBLAS. Same numerics as the DEQUANT mode (bf16 operands).
+DEQUANT_MATMUL_MIN_M = 256
+_DEQUANT_CHUNK_ELEMS = 1 << 26  # 128 MiB of bf16 weight at most
+
+
+def _dequant_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                    bn: int, bk: int, out: torch.Tensor, c: torch.Tensor | None) -> torch.Tensor:
+    n, k = b.shape
+    a_bf = dequant_bf16(a, a_scale, 1, bk)
+    rows = max(bn, (_DEQUANT_CHUNK_ELEMS // max(k, 1)) // bn * bn)
+    for n0 in range(0, n, rows):
+        n1 = min(n, n0 + rows)
+        w_bf = dequant_bf16(b[n0:n1], b_scale[n0 // bn: -(-n1 // bn)], bn, bk)
+        res = torch.matmul(a_bf, w_bf.t())
+        if c is not None:
+            res = res.float() + c[:, n0:n1].float()
+        out[:, n0:n1].copy_(res)
+    return out
+
+
 def _use_triton(t: torch.Tensor) -> bool:
     if not _HAVE_TRITON:
         return False
@@ -380,4 +431,7 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
         out = torch.empty(*a_fp8.shape[:-2], m, n, dtype=out_dtype, device=a_fp8.device)
     if m == 0 or n == 0:
         return out
+    if (config is None and a_fp8.dim() == 2 and m >= DEQUANT_MATMUL_MIN_M and bs[1] < 64
+            and out_dtype == torch.bfloat16 and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
+        return _dequant_matmul(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c)
     return _fp8_block_gemm_triton(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c, config)

@@ -131,6 +131,7 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("dequant_splitk_32", 1, 64, 512, 32, 32, GemmConfig(16, 32, 64, 4, 4, 2, True, 1)),
     ("fp8dot_32_prefill", 40, 48, 160, 32, 32, GemmConfig(32, 32, 32, 1, 4, 2, False, 2)),
     ("default_cfg_32", 16, 64, 256, 32, 32, None),
+    ("dequant_matmul_32", 256, 48, 96, 32, 32, None),  # prefill path: Triton dequant + torch.matmul
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -166,7 +167,8 @@ def interp_results() -> dict:
 
 
 @pytest.mark.parametrize("name", ["fp8dot_128", "fp8dot_splitk_128", "dequant_32", "dequant_splitk_32",
-                                  "fp8dot_32_prefill", "default_cfg_32", "accum_colmajor", "einsum"])
+                                  "fp8dot_32_prefill", "default_cfg_32", "dequant_matmul_32",
+                                  "accum_colmajor", "einsum"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
     assert_gemm_close(out, ref)
