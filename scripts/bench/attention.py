@@ -1,0 +1,142 @@
+"""Decode attention and indexer benchmark for DeepSeek-V4.1-Flash on one GPU (kernels_triton).
+
+Prints, for batch 1 and contexts 4K / 64K:
+- the copy bandwidth of this GPU measured in this run (device-to-device copy of 1 GiB, read+write);
+- sparse MLA decode per layer (64 heads x 512, SWA window 128 on 256-token pages + 512 compressed
+  top-k on 64-token pages, V4 FP8 cache) for a few tile configurations, and the sum over V4.1-Flash's
+  40 layers (35 with compressed KV, 5 window-only) replayed as one CUDA graph, with the achieved
+  bandwidth (bytes the kernel must move: gathered KV rows, q, out) against the copy bandwidth;
+- indexer logits (32 heads x 128, FP8 and FP4 index-K) per call at L = ctx/2 and ctx keys (the
+  ratio-2 and ratio-1 sources), and the top-512 transform.
+Usage: PYTHONPATH=. python3 scripts/bench/attention.py
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels_triton import dsv4_kv_layout as kvl
+from kernels_triton import indexer as ix
+from kernels_triton import sparse_mla as sm
+
+
+def cuda_time(fn, iters: int = 50, warmup: int = 5) -> float:  # noqa: ANN001
+    """Mean seconds per call (events around `iters` back-to-back calls)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 1e3 / iters
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    t = cuda_time(lambda: y.copy_(x), iters=20)
+    return 2 * x.numel() / t
+
+
+def make_cache(tokens: int, page_size: int) -> torch.Tensor:
+    pages = -(-tokens // page_size)
+    buf = kvl.alloc_k_cache(pages, page_size, "cuda")
+    k = torch.randn(pages * page_size, 512, device="cuda").bfloat16()
+    kvl.store_k_v4_triton(k, buf, torch.arange(pages * page_size, device="cuda"), page_size)
+    return kvl.paged_view(buf, page_size)
+
+
+def bench_decode(ctx: int, copy_bw: float) -> None:
+    h, window, topk = 64, 128, 512
+    swa = make_cache(max(ctx, 4096), 256)
+    comp = make_cache(max(ctx // 2, 1024), 64)
+    q = torch.randn(1, 1, h, 512, device="cuda").bfloat16()
+    idx = (torch.arange(window, device="cuda") + max(ctx - window, 0)).int().view(1, 1, -1)
+    ex_idx = torch.randperm(comp.shape[0] * 64, device="cuda")[:topk].int().view(1, 1, -1)
+    lens = torch.tensor([window], device="cuda").int()
+    ex_lens = torch.tensor([topk], device="cuda").int()
+    sink = torch.randn(h, device="cuda")
+    io = 2 * h * 512 * 2  # q in, out back (bf16)
+    bytes_full = (window + topk) * kvl.BYTES_PER_TOKEN + io
+    bytes_swa = window * kvl.BYTES_PER_TOKEN + io
+    print(f"\n== sparse MLA decode, batch 1, context {ctx} (per layer: {bytes_full / 1e3:.0f} kB must move)")
+    best = None
+    for cfg in ({"block_h": 16, "block_n": 32}, {"block_h": 32, "block_n": 32}, {"block_h": 16, "block_n": 64},
+                {"block_h": 16, "block_n": 32, "num_splits": 1}):
+        def run(cfg=cfg):  # noqa: ANN202
+            return sm.sparse_mla_decode_triton(q, swa, idx, lens, sink, comp, ex_idx, ex_lens, 512 ** -0.5, **cfg)
+        t = cuda_time(run)
+        print(f"  {cfg}: {t * 1e6:7.1f} us/layer, {bytes_full / t / 1e9:6.1f} GB/s "
+              f"({100 * bytes_full / t / copy_bw:4.1f}% of copy)")
+        if best is None or t < best[0]:
+            best = (t, cfg)
+    cfg = best[1]
+    # 40 layers of one decode token as one CUDA graph: 35 with compressed KV, 5 window-only.
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            sm.sparse_mla_decode_triton(q, swa, idx, lens, sink, comp, ex_idx, ex_lens, 512 ** -0.5, **cfg)
+            sm.sparse_mla_decode_triton(q, swa, idx, lens, sink, None, None, None, 512 ** -0.5, **cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(graph):
+        for layer in range(40):
+            if layer < 35:
+                sm.sparse_mla_decode_triton(q, swa, idx, lens, sink, comp, ex_idx, ex_lens, 512 ** -0.5, **cfg)
+            else:
+                sm.sparse_mla_decode_triton(q, swa, idx, lens, sink, None, None, None, 512 ** -0.5, **cfg)
+    t40 = cuda_time(graph.replay, iters=20)
+    b40 = 35 * bytes_full + 5 * bytes_swa
+    print(f"  40 layers (CUDA graph, {cfg}): {t40 * 1e6:.0f} us per decode token, "
+          f"{b40 / t40 / 1e9:.1f} GB/s = {100 * b40 / t40 / copy_bw:.1f}% of copy bandwidth")
+
+
+def bench_indexer(ctx: int, copy_bw: float) -> None:
+    h = 32
+    print(f"\n== indexer logits, batch 1, context {ctx}")
+    for L in (ctx // 2, ctx):
+        pages = -(-L // 64)
+        table = torch.randperm(pages, device="cuda").int().view(1, -1)
+        lens = torch.tensor([[L]], device="cuda").int()
+        w = torch.randn(1, h, device="cuda")
+        for kind, width in (("fp8", 132), ("fp4", 68)):
+            cache = torch.randint(0, 120, (pages, 64, 1, width), dtype=torch.uint8, device="cuda")
+            if kind == "fp8":
+                cache.view(pages, -1)[:, 64 * 128:] = torch.ones(pages, 64, device="cuda").view(torch.uint8)
+                q = torch.randn(1, 1, h, 128, device="cuda").to(torch.float8_e4m3fn)
+            else:
+                cache.view(pages, -1)[:, 64 * 64:] = 127
+                q = (torch.randint(-128, 127, (1, 1, h, 64), dtype=torch.int8, device="cuda"),
+                     torch.full((1, 1, h), 0x7F7F7F7F, dtype=torch.int32, device="cuda"))
+            t = cuda_time(functools.partial(ix.paged_mqa_logits_triton, q, cache, w, lens, table, L))
+            nbytes = L * width + L * 4
+            print(f"  {kind} keys={L:6d}: {t * 1e6:7.1f} us, {nbytes / t / 1e9:6.1f} GB/s "
+                  f"({100 * nbytes / t / copy_bw:4.1f}% of copy)")
+        scores = torch.randn(1, L, device="cuda")
+        out = torch.empty(1, 512, dtype=torch.int32, device="cuda")
+        t = cuda_time(functools.partial(ix.topk_transform_paged, scores, lens.view(1), table, out, 64))
+        print(f"  top-512 transform over {L} keys: {t * 1e6:.1f} us")
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    import triton
+
+    print(f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, triton {triton.__version__}")
+    bw = copy_bandwidth()
+    print(f"copy bandwidth (1 GiB D2D, read+write): {bw / 1e9:.0f} GB/s")
+    for ctx in (4096, 65536):
+        bench_decode(ctx, bw)
+    for ctx in (4096, 65536):
+        bench_indexer(ctx, bw)
+
+
+if __name__ == "__main__":
+    main()
