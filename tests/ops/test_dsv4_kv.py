@@ -15,8 +15,12 @@ import torch
 from kernels_triton import dsv4_kv_layout as kvl
 from tests.ops.conftest import PATHS
 
-sgl_ref = pytest.importorskip("sglang.test.kernels.deepseek_v4.k_cache_reference")
-NopeFp8RopeBf16Pack = pytest.importorskip("sglang.kernels.ops.kvcache.dsv4_main_kv_store").NopeFp8RopeBf16Pack
+try:  # SGLang's shipped writer/reader; the GPU machine may not have sglang installed
+    from sglang.kernels.ops.kvcache.dsv4_main_kv_store import NopeFp8RopeBf16Pack
+    from sglang.test.kernels.deepseek_v4 import k_cache_reference as sgl_ref
+except ImportError:  # pragma: no cover
+    sgl_ref = NopeFp8RopeBf16Pack = None
+needs_sglang = pytest.mark.skipif(sgl_ref is None, reason="sglang not installed")
 
 
 def _k_rows(n: int, device: str = "cpu") -> torch.Tensor:
@@ -41,6 +45,7 @@ def _store(path: str, k: torch.Tensor, cache: torch.Tensor, loc: torch.Tensor, p
     fn(k, cache, loc, page_size)
 
 
+@needs_sglang
 def test_layout_constants_match_sglang() -> None:
     from sglang.kernels.ops.attention.dsv4 import dequant_k_cache as sgl
     from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
@@ -61,6 +66,7 @@ def test_quantize_matches_definition() -> None:
     assert torch.equal(rope, e_rope)
 
 
+@needs_sglang
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("page_size", [16, 64])
 def test_store_bytes_match_sglang_writer(path: str, page_size: int) -> None:
@@ -87,6 +93,7 @@ def test_store_bytes_match_sglang_writer(path: str, page_size: int) -> None:
     assert torch.equal(cache[~written & ~pad], untouched[~written & ~pad]), "wrote outside the stored tokens"
 
 
+@needs_sglang
 @pytest.mark.parametrize("path", PATHS)
 def test_gather_matches_sglang_reader(path: str) -> None:
     page_size, pages, n = 32, 4, 100
@@ -132,5 +139,5 @@ def test_gpu_store_and_gather_at_pool_size() -> None:
     kvl.store_k_v4_triton(k, kvl.paged_view(tri, page_size), loc)
     assert torch.equal(ref, tri)
     ids = loc[torch.randint(0, n, (4096,), device="cuda")]
-    expected = sgl_ref.dequantize_k_cache_paged_ref(ref, ids, page_size)[:, 0]
+    expected = kvl.gather_k_v4_reference(ref, ids, page_size, torch.bfloat16)  # tested vs SGLang's on CPU
     assert torch.equal(kvl.gather_k_v4_triton(ref, ids, page_size), expected)

@@ -19,7 +19,11 @@ import torch
 from kernels_triton import indexer as ix
 from tests.ops.conftest import PATHS
 
-common = pytest.importorskip("sglang.test.kernels.deepseek_v4.common")
+try:  # SGLang's FP4 quantizer/writer; the GPU machine may not have sglang installed
+    from sglang.test.kernels.deepseek_v4 import common
+except ImportError:  # pragma: no cover
+    common = None
+needs_sglang = pytest.mark.skipif(common is None, reason="sglang not installed")
 
 E2M1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=torch.float64)
 
@@ -45,6 +49,8 @@ def _fp8_cache(pages: int, block: int, device: str = "cpu") -> tuple[torch.Tenso
 
 def _fp4_cache(pages: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """FP4 index-K cache (64-token pages) written by SGLang's reference quantizer and writer."""
+    if common is None:
+        pytest.skip("sglang not installed")
     n = pages * 64
     x = torch.randn(n, 128, device=device) * torch.rand(n, 1, device=device) * 4
     packed, sf = common.quantize_fp4_indexer_ref(x)
@@ -53,6 +59,8 @@ def _fp4_cache(pages: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Ten
 
 
 def _fp4_query(shape: tuple[int, ...], device: str = "cpu") -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if common is None:
+        pytest.skip("sglang not installed")
     x = torch.randn(*shape, 128, device=device)
     packed, sf = common.quantize_fp4_indexer_ref(x)
     packed = packed.view(torch.int8).view(*shape, 64)
@@ -119,6 +127,7 @@ def test_fp8_paged_logits(path: str, next_n: int, lens_2d: bool) -> None:
     _assert_logits(got, ref, bound)
 
 
+@needs_sglang
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("q_fp4", [False, True])
 def test_fp4_paged_logits(path: str, q_fp4: bool) -> None:
@@ -137,6 +146,7 @@ def test_fp4_paged_logits(path: str, q_fp4: bool) -> None:
     _assert_logits(got, ref, bound)
 
 
+@needs_sglang
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["fp8", "fp4"])
 @pytest.mark.parametrize("max_seqlen_k", [0, 48])
@@ -183,6 +193,7 @@ def test_matches_sglang_torch_fallback() -> None:
     torch.testing.assert_close(ours[vis], theirs[vis].float(), rtol=2e-2, atol=2e-2 * float(theirs.abs().max()))
 
 
+@needs_sglang
 def test_deep_gemm_shim_names() -> None:
     import deep_gemm
 
