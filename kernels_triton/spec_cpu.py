@@ -19,7 +19,7 @@ import torch
 def _per_req_ranges(start: torch.Tensor, end: torch.Tensor) -> list[tuple[int, int, int]]:
     s, e = start.tolist(), end.tolist()
     out, off = [], 0
-    for a, b in zip(s, e):
+    for a, b in zip(s, e, strict=False):
         out.append((a, b, off))
         off += max(b - a, 0)
     return out
@@ -30,7 +30,7 @@ def assign_req_to_token_pool(req_pool_indices: torch.Tensor, req_to_token: torch
                              out_cache_loc: torch.Tensor, pool_len: int) -> None:
     """req_to_token[req][start:end] = out_cache_loc[consecutive slice] for each request."""
     flat = req_to_token.view(-1)
-    for r, (a, b, off) in zip(req_pool_indices.tolist(), _per_req_ranges(start_offset, end_offset)):
+    for r, (a, b, off) in zip(req_pool_indices.tolist(), _per_req_ranges(start_offset, end_offset), strict=False):
         if b > a:
             flat[r * pool_len + a: r * pool_len + b] = out_cache_loc[off: off + b - a].to(flat.dtype)
 
@@ -40,7 +40,7 @@ def assign_extend_cache_locs(req_pool_indices: torch.Tensor, req_to_token: torch
                              out_cache_loc: torch.Tensor, pool_len: int) -> None:
     """out_cache_loc[consecutive slice] = req_to_token[req][start:end] for each request."""
     flat = req_to_token.reshape(-1)
-    for r, (a, b, off) in zip(req_pool_indices.tolist(), _per_req_ranges(start_offset, end_offset)):
+    for r, (a, b, off) in zip(req_pool_indices.tolist(), _per_req_ranges(start_offset, end_offset), strict=False):
         if b > a:
             out_cache_loc[off: off + b - a] = flat[r * pool_len + a: r * pool_len + b].to(out_cache_loc.dtype)
 
@@ -51,7 +51,7 @@ def assign_draft_cache_locs_contiguous(req_pool_indices: torch.Tensor, req_to_to
     """out_cache_loc[i*n:(i+1)*n] = req_to_token[req_i][seq_len_i : seq_len_i + n], n = topk*num_steps."""
     n = topk * num_steps
     flat = req_to_token.reshape(-1)
-    for i, (r, s) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+    for i, (r, s) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist(), strict=False)):
         out_cache_loc[i * n:(i + 1) * n] = flat[r * pool_len + s: r * pool_len + s + n].to(out_cache_loc.dtype)
 
 
@@ -82,7 +82,7 @@ def copy_all_layer_kv_cache(data_ptrs: torch.Tensor, strides: torch.Tensor, tgt_
     src = src_loc.long().numpy()
     tgt = tgt_loc.long().numpy()
     rows = int(max(src.max(), tgt.max())) + 1
-    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
+    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist(), strict=False):
         buf = np.ctypeslib.as_array((ctypes.c_uint8 * (rows * int(stride))).from_address(int(ptr)))
         view = buf.reshape(rows, int(stride))
         view[tgt] = view[src]
@@ -113,7 +113,7 @@ def build_tree_kernel_efficient(parent_list: torch.Tensor, selected_index: torch
     prefix = 0
     for b in range(bsz):
 
-        def parent_pos(i: int) -> int | None:
+        def parent_pos(i: int, b: int = b) -> int | None:
             # position (0 = root, p+1 = draft token p+1) of the parent of draft token i (>= 1)
             q = sel[b][i - 1] // topk
             if q == 0:

@@ -8,8 +8,17 @@ import importlib.util
 
 import torch
 
-from kernels_triton import activation, merge_state, moe_align, moe_routing, norm, quant
-from kernels_triton import rotary, sampling, spec_cpu
+from kernels_triton import (
+    activation,
+    merge_state,
+    moe_align,
+    moe_routing,
+    norm,
+    quant,
+    rotary,
+    sampling,
+    spec_cpu,
+)
 from kernels_triton import bitmask as bitmask_k
 from kernels_triton import moe_sum as moe_sum_k
 from kernels_triton._dispatch import use_triton

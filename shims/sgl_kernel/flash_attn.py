@@ -15,7 +15,7 @@ from shims._missing import missing_getattr
 
 
 def _unsupported(**kw: object) -> None:
-    bad = [k for k, v in kw.items() if v is not None and v is not False and v != 0]
+    bad = [k for k, v in kw.items() if v is not None and not (isinstance(v, (bool, int, float)) and not v)]
     if bad:
         raise NotImplementedError(f"winport flash-attention shim: unsupported arguments {bad}")
 

@@ -4,10 +4,10 @@ test_activation.py: torch.nn.functional reference, 1e-3; bf16 1e-2)."""
 from __future__ import annotations
 
 import pytest
+import sgl_kernel
 import torch
 import torch.nn.functional as F
 
-import sgl_kernel
 from kernels_triton import activation
 from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
 

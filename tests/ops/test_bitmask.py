@@ -4,9 +4,9 @@ test_apply_token_bitmask_inplace.py), with and without row indices."""
 from __future__ import annotations
 
 import pytest
+import sgl_kernel
 import torch
 
-import sgl_kernel
 from kernels_triton import bitmask
 
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+import flashinfer.cascade
 import pytest
+import sgl_kernel
 import torch
 
-import flashinfer.cascade
-import sgl_kernel
 from kernels_triton import merge_state
 from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
 

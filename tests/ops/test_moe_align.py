@@ -4,9 +4,9 @@ moe_sum / moe_sum_reduce (atol 2e-2)."""
 from __future__ import annotations
 
 import pytest
+import sgl_kernel
 import torch
 
-import sgl_kernel
 from kernels_triton import moe_sum
 from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
 

@@ -4,10 +4,10 @@ test_moe_topk_softmax.py: 1e-3, indices compared through the gathered values).""
 from __future__ import annotations
 
 import pytest
+import sgl_kernel
 import torch
 import torch.nn.functional as F
 
-import sgl_kernel
 from kernels_triton import moe_routing
 from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
 

@@ -4,9 +4,9 @@ fp32 reference, rtol/atol 1e-3; bf16 rtol 1e-2 atol 2e-2)."""
 from __future__ import annotations
 
 import pytest
+import sgl_kernel
 import torch
 
-import sgl_kernel
 from kernels_triton import norm
 from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
 

@@ -5,9 +5,9 @@ after dequantization)."""
 from __future__ import annotations
 
 import pytest
+import sgl_kernel
 import torch
 
-import sgl_kernel
 from kernels_triton import quant
 from tests.ops.conftest import PATHS, poisoned
 

@@ -3,11 +3,11 @@ partial rotary, 1e-2 for bf16)."""
 
 from __future__ import annotations
 
+import flashinfer.rope
 import pytest
+import sgl_kernel
 import torch
 
-import flashinfer.rope
-import sgl_kernel
 from kernels_triton import rotary
 
 
