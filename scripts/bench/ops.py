@@ -112,7 +112,7 @@ def main() -> None:
         q = torch.randn(n, 16, hd, dtype=bf, device=dev)
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
         fn = lambda: sgl_kernel_fa(q, cu, n)  # noqa: E731
-        o = fn()
+        fa_out = fn()
         ref, _ = flash_attn.attention_ref(q[:2048], q[:2048], q[:2048], torch.tensor([0, 2048], device=dev),
                                           cu_seqlens_k=torch.tensor([0, 2048], device=dev))
         err = _err(sgl_kernel_fa(q[:2048], torch.tensor([0, 2048], dtype=torch.int32, device=dev), 2048), ref)
@@ -120,7 +120,7 @@ def main() -> None:
         flops = 4 * n * n * 16 * hd
         print(f"| flash_attn_varlen (vision, non-causal) | {n}x16x{hd} | {err:.2e} | {secs * 1e6:.1f} | "
               f"{flops / secs / 1e12:.1f} TFLOP/s | - |")
-        del o
+        del fa_out
 
 
 def sgl_kernel_fa(q: torch.Tensor, cu: torch.Tensor, n: int) -> torch.Tensor:
