@@ -36,6 +36,20 @@ def cuda_time(fn, iters: int = 50, warmup: int = 5) -> float:  # noqa: ANN001
     return a.elapsed_time(b) / 1e3 / iters
 
 
+def graph_time(fn, iters: int = 50) -> float:  # noqa: ANN001
+    """Mean GPU seconds per call of `fn` replayed from a CUDA graph (no Python launch overhead)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return cuda_time(g.replay, iters=iters)
+
+
 def copy_bandwidth() -> float:
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
@@ -66,13 +80,18 @@ def bench_decode(ctx: int, copy_bw: float) -> None:
     bytes_swa = window * kvl.BYTES_PER_TOKEN + io
     print(f"\n== sparse MLA decode, batch 1, context {ctx} (per layer: {bytes_full / 1e3:.0f} kB must move)")
     best = None
-    for cfg in ({"block_h": 16, "block_n": 32}, {"block_h": 32, "block_n": 32}, {"block_h": 16, "block_n": 64},
-                {"block_h": 16, "block_n": 32, "num_splits": 1}):
+    for cfg in ({"block_h": 16, "block_n": 32}, {"block_h": 32, "block_n": 32}, {"block_h": 16, "block_n": 16},
+                {"block_h": 16, "block_n": 32, "num_splits": 1}, {"block_h": 16, "block_n": 32, "num_splits": 10}):
         def run(cfg=cfg):  # noqa: ANN202
             return sm.sparse_mla_decode_triton(q, swa, idx, lens, sink, comp, ex_idx, ex_lens, 512 ** -0.5, **cfg)
-        t = cuda_time(run)
-        print(f"  {cfg}: {t * 1e6:7.1f} us/layer, {bytes_full / t / 1e9:6.1f} GB/s "
-              f"({100 * bytes_full / t / copy_bw:4.1f}% of copy)")
+        try:
+            t_eager = cuda_time(run)
+            t = graph_time(run)
+        except Exception as e:  # noqa: BLE001  (a tile that does not fit is reported, not fatal)
+            print(f"  {cfg}: failed: {type(e).__name__}: {str(e)[:100]}")
+            continue
+        print(f"  {cfg}: {t * 1e6:7.1f} us/layer on the GPU (eager incl. Python launch: {t_eager * 1e6:.0f} us), "
+              f"{bytes_full / t / 1e9:6.1f} GB/s ({100 * bytes_full / t / copy_bw:4.1f}% of copy)")
         if best is None or t < best[0]:
             best = (t, cfg)
     cfg = best[1]
@@ -114,14 +133,37 @@ def bench_indexer(ctx: int, copy_bw: float) -> None:
                 cache.view(pages, -1)[:, 64 * 64:] = 127
                 q = (torch.randint(-128, 127, (1, 1, h, 64), dtype=torch.int8, device="cuda"),
                      torch.full((1, 1, h), 0x7F7F7F7F, dtype=torch.int32, device="cuda"))
-            t = cuda_time(functools.partial(ix.paged_mqa_logits_triton, q, cache, w, lens, table, L))
+            t = graph_time(functools.partial(ix.paged_mqa_logits_triton, q, cache, w, lens, table, L))
             nbytes = L * width + L * 4
             print(f"  {kind} keys={L:6d}: {t * 1e6:7.1f} us, {nbytes / t / 1e9:6.1f} GB/s "
                   f"({100 * nbytes / t / copy_bw:4.1f}% of copy)")
         scores = torch.randn(1, L, device="cuda")
         out = torch.empty(1, 512, dtype=torch.int32, device="cuda")
-        t = cuda_time(functools.partial(ix.topk_transform_paged, scores, lens.view(1), table, out, 64))
+        t = graph_time(functools.partial(ix.topk_transform_paged, scores, lens.view(1), table, out, 64))
         print(f"  top-512 transform over {L} keys: {t * 1e6:.1f} us")
+
+
+def diagnose_store() -> None:
+    """Where the Triton V4 store's bytes differ from the torch reference's on this GPU, if anywhere."""
+    k = (torch.randn(4096, 512, device="cuda") * 3).bfloat16()
+    ref = kvl.alloc_k_cache(16, 256, "cuda")
+    tri = kvl.alloc_k_cache(16, 256, "cuda")
+    loc = torch.arange(4096, device="cuda")
+    kvl.store_k_v4_reference(k, ref, loc, 256)
+    kvl.store_k_v4_triton(k, tri, loc, 256)
+    diff = (ref != tri).nonzero()
+    print(f"\n== V4 store: {diff.shape[0]} differing bytes of {ref.numel()}")
+    if diff.shape[0]:
+        off = diff[:, 1]
+        in_data = off < 256 * 576
+        print(f"  in data rows: {int(in_data.sum())}, in scale rows: {int((~in_data).sum())}")
+        for p, o in diff[:6].tolist():
+            print(f"  page {p} byte {o}: torch {int(ref[p, o])} triton {int(tri[p, o])}")
+        nope, _, sc = kvl.quantize_k_v4_reference(k.cpu())
+        cpu = kvl.alloc_k_cache(16, 256)
+        kvl.store_k_v4_reference(k.cpu(), cpu, loc.cpu(), 256)
+        print(f"  torch CUDA vs torch CPU bytes equal: {torch.equal(cpu, ref.cpu())}; "
+              f"triton vs CPU equal: {torch.equal(cpu, tri.cpu())}")
 
 
 def main() -> None:
@@ -130,6 +172,7 @@ def main() -> None:
     import triton
 
     print(f"device: {props.name}, {props.multi_processor_count} SMs; torch {torch.__version__}, triton {triton.__version__}")
+    diagnose_store()
     bw = copy_bandwidth()
     print(f"copy bandwidth (1 GiB D2D, read+write): {bw / 1e9:.0f} GB/s")
     for ctx in (4096, 65536):
