@@ -185,7 +185,8 @@ def round_to_e4m3(v):
     # of ulp with the fp32 adder's round-to-nearest-even.
     magic = ((e - 3 + 23 + 127) << 23).to(tl.float32, bitcast=True) * 1.5
     r = (v + magic) - magic
-    return tl.where(v == 0.0, v, r)  # keep -0.0 (byte 0x80), as torch's cast does
+    # a negative value that rounds to zero is -0.0 (byte 0x80) in torch's cast: v * 0.0 keeps the sign
+    return tl.where(r == 0.0, v * 0.0, r)
 
 
 @triton.jit

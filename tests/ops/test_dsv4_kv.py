@@ -27,6 +27,9 @@ def _k_rows(n: int, device: str = "cpu") -> torch.Tensor:
     # Per-row and per-tile magnitudes spread over many binades, so scales differ between tiles.
     k = torch.randn(n, 512, device=device) * torch.exp2(torch.randint(-12, 12, (n, 1), device=device).float())
     k[:, :448] *= torch.exp2(torch.randint(-3, 4, (n, 7), device=device).float()).repeat_interleave(64, 1)
+    # tiny values next to a tile's max round to +-0: the sign of zero must match torch (0x80 for -0.0)
+    k[:, 5] = k[:, 0].abs() * 1e-6
+    k[:, 6] = -k[:, 0].abs() * 1e-6
     return k.bfloat16()
 
 
