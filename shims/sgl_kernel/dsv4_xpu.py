@@ -740,8 +740,19 @@ def topk_transform_ragged(scores: torch.Tensor, seq_lens: torch.Tensor, out_indi
     out_indices.copy_(out.to(out_indices.dtype))
 
 
+def topk_transform_paged(scores: torch.Tensor, seq_lens: torch.Tensor, page_tables: torch.Tensor,
+                         out_page_indices: torch.Tensor, page_size: int,
+                         metadata: torch.Tensor | None = None) -> None:
+    """Replaces torch.ops.sgl_kernel.topk_transform_paged (XPU) = JIT `topk_v2.cuh::transform_paged`.
+
+    The same selection as topk_transform without raw indices; `metadata` is top-k v2's CUDA work
+    plan (plan_topk_v2), which a whole-row selection does not need.
+    """
+    topk_transform(scores, seq_lens, page_tables, out_page_indices, page_size, None)
+
+
 def _register_ops() -> None:
-    """Define torch.ops.sgl_kernel.topk_transform / topk_transform_ragged (only these two names).
+    """Define torch.ops.sgl_kernel.topk_transform, _ragged and _paged (only these three names).
 
     CompositeExplicitAutograd serves every backend (CPU and CUDA tensors alike); a real sgl_kernel
     that already defines a name keeps it.
@@ -753,6 +764,9 @@ def _register_ops() -> None:
                            topk_transform),
         "topk_transform_ragged": ("topk_transform_ragged(Tensor scores, Tensor seq_lens, Tensor(a!) out_indices, "
                                   "Tensor out_offsets, Tensor? row_starts=None) -> ()", topk_transform_ragged),
+        "topk_transform_paged": ("topk_transform_paged(Tensor scores, Tensor seq_lens, Tensor page_tables, "
+                                 "Tensor(a!) out_page_indices, int page_size, Tensor? metadata=None) -> ()",
+                                 topk_transform_paged),
     }
     for name, (schema, fn) in schemas.items():
         if _op_exists(name):

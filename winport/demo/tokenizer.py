@@ -26,7 +26,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(vocab_size: int) -> "object":
+def train_tokenizer(vocab_size: int) -> object:
     """Train a byte-level BPE on the demo corpus (deterministic for a given vocab size)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

@@ -9,6 +9,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_rope_without_scaling",
     "cpu_dsv4_fp8_kv",
     "dsv4_generic_device",
+    "chat_template_without_recipe",
 )
 
 

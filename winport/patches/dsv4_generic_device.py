@@ -1,6 +1,6 @@
 """Send DeepSeek-V4 through SGLang's device-generic (XPU) kernel route.
 
-Targets sglang 0.5.23: `srt/models/deepseek_v4.py`, `srt/layers/attention/deepseek_v4_backend.py`,
+Targets sglang 0.5.23: `srt/models/deepseek_v4.py`, `deepseek_v4_mhc.py`, `srt/layers/attention/deepseek_v4_backend.py`,
 `kernels/ops/attention/dsv4/compress.py`, `norm_rope.py` and `topk.py`. Each keeps a module flag
 `_is_xpu` (topk.py calls `is_xpu()`); where it holds, SGLang skips FlashMLA's scheduling metadata,
 TileLang and the CUDA JIT kernels (compiled with nvcc through tvm_ffi at run time, which Windows
@@ -22,13 +22,16 @@ from winport.patches._base import UpstreamChangedError, require_source
 
 BACKEND = "sglang.srt.layers.attention.deepseek_v4_backend"
 MODEL = "sglang.srt.models.deepseek_v4"
+MHC = "sglang.srt.models.deepseek_v4_mhc"
 COMPRESS = "sglang.kernels.ops.attention.dsv4.compress"
 NORM_ROPE = "sglang.kernels.ops.attention.dsv4.norm_rope"
 TOPK = "sglang.kernels.ops.attention.dsv4.topk"
+ACT_CLAMP = "sglang.kernels.ops.activation.silu_and_mul_clamp"
 
 # module -> {name bound in the module: sgl_kernel function it stands for}
 IMPORT_TIME_NAMES: dict[str, dict[str, str]] = {
     MODEL: {},
+    MHC: {},
     BACKEND: {},
     COMPRESS: {
         "compress_norm_rope_store_xpu": "compress_norm_rope_store",
@@ -41,6 +44,7 @@ IMPORT_TIME_NAMES: dict[str, dict[str, str]] = {
         "plan_compress_prefill": "plan_compress_prefill",
         "plan_compress_prefill_legacy": "plan_compress_prefill_legacy",
     },
+    ACT_CLAMP: {},
     NORM_ROPE: {
         "fused_k_norm_rope_flashmla_xpu": "fused_k_norm_rope_flashmla",
         "fused_q_norm_rope_xpu": "fused_q_norm_rope",
@@ -85,4 +89,5 @@ def register_patch() -> None:
     require_source(f"{COMPRESS}.compress_forward", "_XPU_COMPRESS_FNS")
     require_source(f"{NORM_ROPE}.fused_q_norm_rope", "fused_q_norm_rope_xpu")
     require_source(f"{TOPK}.topk_transform_paged", "elif is_xpu():", "torch.ops.sgl_kernel.topk_transform(")
+    require_source(f"{ACT_CLAMP}.silu_and_mul_clamp", "if _is_xpu:", "from sgl_kernel import silu_and_mul_clamp")
     apply()

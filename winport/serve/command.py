@@ -1,0 +1,233 @@
+"""`winport serve`: run SGLang's OpenAI-compatible server on winport's platform.
+
+The server runs as a child process (`python -m sglang.launch_server ...`) that winport watches:
+it prints what is happening while the model loads, a ready line with the URL once the server
+answers, and on Ctrl-C (or SIGTERM, or the console closing on Windows) it stops the whole process
+tree it started, so no scheduler or detokenizer process is left behind. Windows has no process
+groups or SIGKILL, so the tree is walked with psutil, which works the same on both systems.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from winport.serve.args import build_parser
+from winport.serve.memory import VramError, VramPlan, plan_vram
+
+READY_TIMEOUT_S = float(os.environ.get("WINPORT_READY_TIMEOUT", "1800"))
+
+
+class ServeError(RuntimeError):
+    """A configuration the server cannot start with (the message says why and what to do)."""
+
+
+@dataclass
+class LaunchPlan:
+    """Everything needed to start the SGLang server process."""
+
+    model_path: Path
+    device: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    vram: VramPlan | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        host = self.argv[self.argv.index("--host") + 1]
+        port = self.argv[self.argv.index("--port") + 1]
+        shown = "127.0.0.1" if host in {"0.0.0.0", "::"} else host
+        return f"http://{shown}:{port}"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve_device(requested: str) -> str:
+    """auto -> cuda when a CUDA GPU is visible, else cpu; an explicit cuda without a GPU fails."""
+    if requested == "auto":
+        return "cuda" if _cuda_available() else "cpu"
+    if requested == "cuda" and not _cuda_available():
+        raise ServeError("--device cuda was asked for, but torch sees no CUDA GPU (winport doctor says why)")
+    return requested
+
+
+def sglang_switches(device: str) -> dict[str, str]:
+    """SGLang's own environment switches that keep it off CUDA JIT kernels (no patch needed)."""
+    env = {
+        # A CUDA JIT kernel no winport shim replaces fails at once, by name, instead of trying nvcc
+        # (absent on Windows, useless on CPU).
+        "SGLANG_CRASH_ON_JIT_COMPILE": "1",
+        # Hash-routed MoE layers: SGLang's torch routing instead of the fused JIT kernel.
+        "SGLANG_OPT_USE_FUSED_HASH_TOPK": "0",
+        # DeepGEMM's JIT is Linux-only; winport's deep_gemm shim serves the names SGLang calls.
+        "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+    }
+    if device == "cpu":
+        env.update({
+            "SGLANG_USE_CPU_ENGINE": "1",
+            # SGLang's own torch implementation of the indexer's paged MQA logits.
+            "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
+            # The DSV4 metadata kernels are Triton; on CPU they run in Triton's interpreter.
+            "TRITON_INTERPRET": "1",
+        })
+    return env
+
+
+def build_plan(argv: list[str]) -> LaunchPlan:
+    """Parse `winport serve` flags and translate them into SGLang's command line and environment."""
+    args = build_parser().parse_args(argv)
+    if args.demo:
+        from winport.demo.build import ensure_demo
+
+        model_path = ensure_demo(args.demo_variant)
+    else:
+        model_path = Path(args.model).expanduser()
+        if not model_path.exists():
+            raise ServeError(f"--model {model_path}: no such file or folder")
+        if model_path.suffix == ".gguf" or (model_path.is_dir() and any(model_path.glob("*.gguf"))):
+            raise ServeError(f"--model {model_path}: serving GGUF files is not wired into the server yet "
+                             "(`winport gguf info` reads them); use a safetensors checkpoint folder")
+    if not 0 < args.port < 65536:
+        raise ServeError(f"--port {args.port} is not a TCP port")
+    device = resolve_device(args.device)
+    env: dict[str, str] = {"WINPORT_PLATFORM": "on", **sglang_switches(device)}
+    sg = [
+        "--model-path", str(model_path),
+        "--host", args.host,
+        "--port", str(args.port),
+        "--device", device,
+        "--tp-size", str(args.tp),
+        "--log-level", args.log_level,
+        "--trust-remote-code",
+    ]
+    vram = None
+    if device == "cpu":
+        if args.vram_gib is not None:
+            raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
+        sg += ["--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.5", "--skip-server-warmup"]
+    elif args.vram_gib is not None:
+        import torch
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        vram = plan_vram(args.vram_gib, total)
+        sg += ["--mem-fraction-static", f"{vram.mem_fraction_static:.4f}"]
+    if args.api_key:
+        sg += ["--api-key", args.api_key]
+    if args.context_length:
+        sg += ["--context-length", str(args.context_length)]
+    if args.cpu_threads:
+        env["OMP_NUM_THREADS"] = str(args.cpu_threads)
+    return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)
+
+
+def _health(url: str, api_key: str | None) -> bool:
+    req = urllib.request.Request(url + "/v1/models")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+def stop_tree(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> list[int]:
+    """Terminate proc and every descendant; kill what is still alive after grace_s. Returns the pids."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    for p in reversed(tree):
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(tree, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in tree]
+
+
+def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
+    for line in iter(stream.readline, b""):
+        sink.write(line.decode(errors="replace"))
+        sink.flush()
+
+
+def run(plan: LaunchPlan, api_key: str | None) -> int:
+    """Start the server, report progress and readiness, and stop the process tree on exit."""
+    env = {**os.environ, **plan.env}
+    print(f"winport serve: model {plan.model_path} on {plan.device}", flush=True)
+    if plan.vram:
+        print(f"winport serve: {plan.vram.describe()}", flush=True)
+    cmd = [sys.executable, "-m", "sglang.launch_server", *plan.argv]
+    kwargs: dict[str, object] = {}
+    if sys.platform == "win32":
+        kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    threading.Thread(target=_pump, args=(proc.stdout, sys.stdout), daemon=True).start()
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    if hasattr(signal, "SIGBREAK"):
+        signal.signal(signal.SIGBREAK, on_signal)  # Ctrl-Break / console close on Windows
+    try:
+        start = time.monotonic()
+        ready = False
+        while not stopping.is_set():
+            if proc.poll() is not None:
+                print(f"winport serve: the server exited with code {proc.returncode} before it was ready"
+                      if not ready else f"winport serve: the server exited with code {proc.returncode}",
+                      file=sys.stderr, flush=True)
+                return proc.returncode or 1
+            if not ready:
+                if _health(plan.url, api_key):
+                    ready = True
+                    print(f"winport serve: ready at {plan.url} (OpenAI API: {plan.url}/v1) after "
+                          f"{time.monotonic() - start:.0f} s; Ctrl-C stops it", flush=True)
+                elif time.monotonic() - start > READY_TIMEOUT_S:
+                    print(f"winport serve: not ready after {READY_TIMEOUT_S:.0f} s; stopping", file=sys.stderr)
+                    return 1
+            stopping.wait(1.0)
+        print("winport serve: stopping", flush=True)
+        return 0
+    finally:
+        pids = stop_tree(proc)
+        if pids:
+            print(f"winport serve: stopped {len(pids)} process(es)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `winport serve`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        plan = build_plan(argv)
+    except (ServeError, VramError) as exc:
+        print(f"winport serve: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser().parse_args(argv)
+    return run(plan, args.api_key)
