@@ -29,7 +29,13 @@ SHIMMED_LIBRARIES: dict[str, str] = {
     "flash_attn_interface": "flash-attn-3",
     "tilelang": "tilelang",
     "uvloop": "uvloop",  # no Windows build; asyncio's default loop stands in
+    "fcntl": "fcntl (POSIX-only standard library)",
+    "resource": "resource (POSIX-only standard library)",
 }
+
+# Standard-library modules Windows lacks: their stand-ins are used only where the real module is
+# missing, never forced (WINPORT_SHIMS=force is for testing the kernel shims on Linux).
+STDLIB_STANDINS = frozenset({"fcntl", "resource"})
 
 SHIM_PACKAGE = "shims"
 
@@ -84,7 +90,8 @@ class ShimFinder(importlib.abc.MetaPathFinder):
         """Whether the top-level name `top` goes to the shim in this process."""
         if top not in self._decided:
             mode = shim_mode()
-            self._decided[top] = mode == "force" or (mode == "auto" and not self._real_exists(top))
+            forced = mode == "force" and top not in STDLIB_STANDINS
+            self._decided[top] = forced or (mode != "off" and not self._real_exists(top))
         return self._decided[top]
 
     def find_spec(

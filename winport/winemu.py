@@ -19,9 +19,12 @@ from collections.abc import Callable, Sequence
 
 ENV_VAR = "WINPORT_EMULATE_WINDOWS"
 
-# Modules with no Windows build. The POSIX ones are missing from Windows CPython; the rest have
-# manylinux wheels only (shared/WINDOWS_PROXY.md lists what exists for win_amd64).
-POSIX_ONLY_MODULES = frozenset({"fcntl", "resource", "termios", "pwd", "grp", "pty", "tty"})
+# Modules with no Windows build. The POSIX ones are missing from Windows CPython and SGLang imports
+# them without a platform check; other POSIX-only modules (termios, pwd, tty ...) stay importable
+# because the libraries that use them (huggingface_hub, getpass) branch on sys.platform first,
+# and blocking them would report Linux-branch imports Windows never runs. The rest have manylinux
+# wheels only (shared/WINDOWS_PROXY.md lists what exists for win_amd64).
+POSIX_ONLY_MODULES = frozenset({"fcntl", "resource"})
 LINUX_ONLY_PACKAGES = frozenset(
     {
         "uvloop",
@@ -57,8 +60,9 @@ REMOVED_OS_FUNCTIONS = (
 )
 REMOVED_SIGNALS = ("SIGQUIT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
-# Shared objects Windows cannot load (ctypes.CDLL name prefixes).
-BLOCKED_SHARED_LIBRARIES = ("libc.so", "libnccl", "libnuma", "libcuda.so")
+# Shared objects Windows cannot load (ctypes.CDLL name prefixes). libc stays loadable: the Linux
+# torch build itself loads it at import (torch.distributed.elastic), which Windows torch does not.
+BLOCKED_SHARED_LIBRARIES = ("libnccl", "libnuma", "libcuda.so")
 
 
 class WindowsEmulationError(OSError):
@@ -175,6 +179,13 @@ def install() -> bool:
     for name in list(sys.modules):
         if name.partition(".")[0] in BLOCKED_MODULES:
             del sys.modules[name]
+    # A None entry makes `import x` fail and importlib.util.find_spec("x") return None, which is
+    # how probing libraries (transformers, SGLang) must see a missing package. Names winport
+    # shims are left to the shim finder, which sits ahead of BlockFinder on sys.meta_path.
+    from winport.shimloader import SHIMMED_LIBRARIES
+
+    for name in BLOCKED_MODULES - set(SHIMMED_LIBRARIES):
+        sys.modules[name] = None  # type: ignore[assignment]
     sys.meta_path.insert(0, BlockFinder())
     for name in REMOVED_OS_FUNCTIONS:
         if hasattr(os, name):

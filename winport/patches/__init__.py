@@ -5,6 +5,8 @@ from __future__ import annotations
 
 # Module names under winport.patches, applied in this order by register_all().
 PATCHES: tuple[str, ...] = (
+    "windows_signals",
+    "zmq_tcp_endpoints",
     "cpu_pin_memory",
     "cpu_rope_without_scaling",
     "cpu_dsv4_fp8_kv",
