@@ -13,9 +13,12 @@ import sys
 def activate() -> None:
     """Install emulation and the shim finder in this interpreter."""
     try:
-        from winport import shimloader, winemu
+        from winport import ktkernel, shimloader, winemu
 
         winemu.install()
         shimloader.install()
+        # kt-kernel picks its CPU variant from /proc/cpuinfo and globs *.so: on Windows (and under
+        # emulation) winport's import hook chooses it with cpuid and finds .pyd files instead.
+        ktkernel.install()
     except Exception as exc:  # noqa: BLE001 - see module docstring
         print(f"winport: shim bootstrap failed: {exc!r}", file=sys.stderr)

@@ -25,11 +25,17 @@ def test_force_mode_names_the_shim() -> None:
     assert proc.stdout.strip() == "shims.sgl_kernel"
 
 
-@pytest.mark.parametrize("name", sorted(shimloader.SHIMMED_LIBRARIES))
+@pytest.mark.parametrize("name", sorted(set(shimloader.SHIMMED_LIBRARIES) - shimloader.STDLIB_STANDINS))
 def test_every_library_resolves_to_its_shim_when_missing(name: str) -> None:
     proc = run_python(f"import {name}; print({name}.__name__)")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"shims.{name}"
+
+
+def test_force_mode_never_replaces_the_real_standard_library() -> None:
+    proc = run_python("import fcntl, resource; print(fcntl.__name__, resource.__name__)",
+                      env={"WINPORT_SHIMS": "force"})
+    assert proc.stdout.split() == ["fcntl", "resource"], proc.stderr
 
 
 def test_auto_mode_prefers_a_real_library(tmp_path: Path) -> None:
