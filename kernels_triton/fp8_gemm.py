@@ -265,6 +265,65 @@ if _HAVE_TRITON:
                 tl.atomic_xchg(cnt_ptr + tile, 0)  # self-reset: ready for the next call / graph replay
 
 
+    @triton.jit
+    def _fp8_gemv_kernel(
+        a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
+        N, K, iters_per_split, split_k,
+        s_ak, s_bn, s_bk, s_ask, s_bsn, s_bsk, s_cn, s_dn,
+        GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
+    ):
+        """M = 1 decode GEMV without tensor cores: out[n] = sum_k w[n, k] * xs[k].
+
+        Why no tl.dot: at M = 1 an MMA wastes 15/16 of its rows and forces the weight tile through
+        a dot-operand layout (shared memory / shuffles); a plain multiply-add streams the fp8 tile
+        straight from 16-byte vector loads. The tile's BLOCK_N rows share one weight-scale row
+        (GN % BLOCK_N == 0), so activation scale, weight scale and x fold into one fp32 vector
+        xs[k] per K step and each weight byte costs one convert and one FMA. The [BLOCK_N, BLOCK_K]
+        fp32 accumulator is reduced over K once, after the loop.
+        """
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        srow = (pid_n * BLOCK_N) // GN  # the one weight-scale row of this tile
+        k_iters = tl.cdiv(K, BLOCK_K)
+        it0 = pid_k * iters_per_split
+        it1 = tl.minimum(it0 + iters_per_split, k_iters)
+        w_base = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for it in range(it0, it1):
+            kk = it * BLOCK_K + offs_k
+            k_mask = kk < K
+            w = tl.load(w_base + kk[None, :] * s_bk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(a_ptr + kk * s_ak, mask=k_mask, other=0.0).to(tl.float32)
+            g = kk // GK
+            sa = tl.load(as_ptr + g * s_ask, mask=k_mask, other=0.0)
+            sb = tl.load(bs_ptr + srow * s_bsn + g * s_bsk, mask=k_mask, other=0.0)
+            acc += w.to(tl.float32) * (x * sa * sb)[None, :]
+        res = tl.sum(acc, axis=1)
+        d_ptrs = d_ptr + offs_n * s_dn
+        if not USE_SPLIT:
+            if HAS_C:
+                res += tl.load(c_ptr + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
+            tl.store(d_ptrs, res.to(d_ptr.dtype.element_ty), mask=n_mask)
+        else:
+            # Split-K: the last CTA to arrive on this N tile sums the partials in split order
+            # (deterministic) and writes the output; the counter resets itself (graph-safe).
+            tl.store(ws_ptr + pid_k * N + offs_n, res, mask=n_mask)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == split_k - 1:
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for s in range(split_k):
+                    total += tl.load(ws_ptr + s * N + offs_n, mask=n_mask, other=0.0, cache_modifier=".cg")
+                if HAS_C:
+                    total += tl.load(c_ptr + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
+                tl.store(d_ptrs, total.to(d_ptr.dtype.element_ty), mask=n_mask)
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """One launch configuration (block sizes in elements)."""
@@ -277,6 +336,17 @@ class GemmConfig:
     num_stages: int
     dequant: bool
     group_m: int = 8
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch configuration of the M = 1 GEMV kernel (`_fp8_gemv_kernel`)."""
+
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+    num_stages: int
 
 
 _COUNTER_SLOTS = 1 << 16
@@ -327,6 +397,59 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
         # H200 sweep (scripts/bench/RESULTS.md): 64 x 128 tiles, 4 warps, 4 stages won on all 7 shapes.
         return GemmConfig(64, 128, bk, 1, 4, 4, False)
     return GemmConfig(block_m, 128, max(64, bk), 1, 8 if block_m == 128 else 4, 3, True)
+
+
+def default_gemv_config(n: int, k: int, bn: int, device: torch.device) -> GemvConfig | None:
+    """Config of the M = 1 GEMV kernel, or None where it does not apply (scale rows narrower than 8).
+
+    Heuristic from the H200 sweep (scripts/bench/gemm.py --sweep, RESULTS.md 2026-11-29): the widest
+    N tile (<= 32, dividing the scale block) that still gives >= 2 CTAs per SM, 512-wide K steps,
+    and split-K only when even 8-row tiles leave SMs idle. Counted in SMs, so SM120 parts with
+    more or fewer SMs get proportionate grids.
+    """
+    env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
+    if env:
+        f = [int(x) for x in env.split(",")]
+        return GemvConfig(*f)
+    if bn < 8:
+        return None
+    sms = _num_sms(device) if device.type == "cuda" else 4
+    block_n = 8
+    for cand in (32, 16):
+        if cand <= bn and bn % cand == 0 and -(-n // cand) >= 2 * sms:
+            block_n = cand
+            break
+    block_k = min(512, max(64, triton.next_power_of_2(k)))
+    tiles = -(-n // block_n)
+    k_iters = -(-k // block_k)
+    split = max(1, min(k_iters, -(-2 * sms // tiles)))
+    return GemvConfig(block_n, block_k, split, 4, 3)
+
+
+def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                     bn: int, bk: int, out: torch.Tensor, c: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
+    """Launch `_fp8_gemv_kernel` for a [1, K] activation (2-D operands only)."""
+    n, k = b.shape
+    if bn % cfg.block_n:
+        raise ValueError(f"GEMV block_n {cfg.block_n} must divide the weight scale block {bn}")
+    k_iters = -(-k // cfg.block_k)
+    tiles = -(-n // cfg.block_n)
+    split = max(1, min(cfg.split_k, k_iters))
+    if split > 1 and tiles > _COUNTER_SLOTS:
+        split = 1
+    per = -(-k_iters // split)
+    split = -(-k_iters // per)  # no empty splits
+    ws = torch.empty(split * n if split > 1 else 1, dtype=torch.float32, device=a.device)
+    cnt = _counters(a.device) if split > 1 else ws
+    _fp8_gemv_kernel[(tiles, split)](
+        a, b, a_scale, b_scale, c if c is not None else out, out, ws, cnt,
+        n, k, per, split,
+        a.stride(1), b.stride(0), b.stride(1), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+        c.stride(1) if c is not None else 0, out.stride(1),
+        GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_SPLIT=split > 1, HAS_C=c is not None,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out
 
 
 def _fp8_block_gemm_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -416,11 +539,12 @@ def _use_triton(t: torch.Tensor) -> bool:
 def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tensor, b_scale: torch.Tensor,
                    block_size: tuple[int, int] | list[int], out_dtype: torch.dtype = torch.bfloat16, *,
                    out: torch.Tensor | None = None, c: torch.Tensor | None = None,
-                   config: GemmConfig | None = None) -> torch.Tensor:
+                   config: GemmConfig | GemvConfig | None = None) -> torch.Tensor:
     """Block-scaled FP8 GEMM `out = dequant(a) @ dequant(b)^T (+ c)`; layouts in the module docstring.
 
     Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
-    `out`, when given, is written in place (any strides) and returned.
+    `out`, when given, is written in place (any strides) and returned. M = 1 with 2-D operands uses
+    the tensor-core-free GEMV kernel (`GemvConfig`) when the weight scale block is >= 8 rows.
     """
     bs = (int(block_size[0]), int(block_size[1]))
     m, n, _, _, _ = _check(a_fp8, a_scale, b_fp8, b_scale, bs)
@@ -435,4 +559,12 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
     if (config is None and a_fp8.dim() == 2 and m >= DEQUANT_MATMUL_MIN_M and bs[1] < 64
             and out_dtype == torch.bfloat16 and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
         return _dequant_matmul(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c)
+    if isinstance(config, GemvConfig) or (config is None and m == 1 and a_fp8.dim() == 2
+                                           and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
+        gcfg = config if isinstance(config, GemvConfig) else default_gemv_config(n, b_fp8.shape[-1], bs[0],
+                                                                                 a_fp8.device)
+        if gcfg is not None:
+            if m != 1 or a_fp8.dim() != 2:
+                raise ValueError("GemvConfig applies to a 2-D [1, K] activation only")
+            return _fp8_gemv_triton(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c, gcfg)
     return _fp8_block_gemm_triton(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c, config)

@@ -120,7 +120,7 @@ def test_shim_fp8_einsum_and_transform() -> None:
 # ------------------------------------------------------------- CPU: Triton kernel under the interpreter
 _INTERP_CODE = r"""
 import json, torch
-from kernels_triton.fp8_gemm import fp8_block_gemm, GemmConfig
+from kernels_triton.fp8_gemm import fp8_block_gemm, GemmConfig, GemvConfig
 from kernels_triton.fp8_einsum import fp8_einsum_bhr_hdr
 from tests.ops.test_fp8_gemm import make_inputs, oracle
 res = {}
@@ -132,6 +132,11 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("fp8dot_32_prefill", 40, 48, 160, 32, 32, GemmConfig(32, 32, 32, 1, 4, 2, False, 2)),
     ("default_cfg_32", 16, 64, 256, 32, 32, None),
     ("dequant_matmul_32", 256, 48, 96, 32, 32, None),  # prefill path: Triton dequant + torch.matmul
+    # M = 1 GEMV kernel (no tl.dot): ragged N and K tails, split-K with the last-CTA epilogue
+    ("gemv_32", 1, 72, 1248, 32, 32, GemvConfig(16, 256, 1, 4, 1)),
+    ("gemv_split_32", 1, 40, 1056, 32, 32, GemvConfig(8, 128, 3, 4, 1)),
+    ("gemv_split_128", 1, 80, 640, 128, 128, GemvConfig(32, 128, 2, 4, 1)),
+    ("gemv_default_32", 1, 64, 544, 32, 32, None),
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -146,6 +151,12 @@ out = torch.full((4, 64), float("nan"), dtype=torch.float32)
 fp8_block_gemm(a, sa.t().contiguous().t(), b, sb, (32, 32), torch.float32, out=out, c=c,
                config=GemmConfig(16, 32, 64, 2, 4, 2, True, 1))
 res["accum_colmajor"] = [out.double().tolist(), (oracle(a, sa, b, sb, 32, 32) + c.double()).tolist()]
+a, sa, b, sb = make_inputs(1, 48, 320, 32, 32, seed=10)
+c = torch.randn(1, 48)
+out = torch.full((1, 48), float("nan"), dtype=torch.float32)
+fp8_block_gemm(a, sa.t().contiguous().t(), b, sb, (32, 32), torch.float32, out=out, c=c,
+               config=GemvConfig(16, 64, 2, 4, 1))
+res["gemv_accum_colmajor"] = [out.double().tolist(), (oracle(a, sa, b, sb, 32, 32) + c.double()).tolist()]
 # batched einsum bhr,hdr->bhd with strided views
 t, g, r, d = 3, 2, 256, 64
 a, sa, _, _ = make_inputs(g, 1, r, 128, 128, seed=21, batch=(t,))
@@ -168,7 +179,8 @@ def interp_results() -> dict:
 
 @pytest.mark.parametrize("name", ["fp8dot_128", "fp8dot_splitk_128", "dequant_32", "dequant_splitk_32",
                                   "fp8dot_32_prefill", "default_cfg_32", "dequant_matmul_32",
-                                  "accum_colmajor", "einsum"])
+                                  "accum_colmajor", "einsum", "gemv_32", "gemv_split_32", "gemv_split_128",
+                                  "gemv_default_32", "gemv_accum_colmajor"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
     assert_gemm_close(out, ref)
