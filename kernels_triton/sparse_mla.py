@@ -205,6 +205,36 @@ def mma(a, b, DOT_F32: tl.constexpr):
 
 
 @triton.jit
+def _load_k_v4_bf16(cache_ptr, ids, valid, page_stride, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`[BLOCK_N, 512]` bf16 K rows of V4-cache token ids (invalid rows read 0).
+
+    Why not `dsv4_kv_layout.load_k_v4_rows`: that one gathers one scale byte per element (512 byte
+    loads per row) and returns an fp32 tile. Here each row's 7 scales are one 8-byte load and the
+    row is viewed as 8 chunks of 64 columns ([BLOCK_N, 8, 64]: chunks 0-6 e4m3 nope, chunk 7 the
+    bf16 rope), so the scale is broadcast along the chunk instead of gathered; the product
+    e4m3 x 2^e is exact in bf16, so the tile goes to bf16 right away.
+    """
+    ids = tl.where(valid, ids, 0).to(tl.int64)
+    page = ids // PAGE_SIZE
+    slot = ids % PAGE_SIZE
+    data_base = page * page_stride + slot * 576
+    scale_base = page * page_stride + PAGE_SIZE * 576 + slot * 8
+    c = tl.arange(0, 8)
+    j = tl.arange(0, 64)
+    is_nope = c < 7
+    fp8_ptr = cache_ptr.to(tl.pointer_type(tl.float8e4nv))
+    bf16_ptr = cache_ptr.to(tl.pointer_type(tl.bfloat16))
+    raw = tl.load(fp8_ptr + data_base[:, None, None] + (c * 64)[None, :, None] + j[None, None, :],
+                  mask=valid[:, None, None] & is_nope[None, :, None], other=0.0)
+    sc = tl.load(cache_ptr + scale_base[:, None] + c[None, :], mask=valid[:, None] & is_nope[None, :], other=0)
+    scale = (sc.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2**(s-127); 0 for s == 0
+    rope = tl.load(bf16_ptr + ((data_base + 448) // 2)[:, None] + j[None, :], mask=valid[:, None], other=0.0)
+    k3 = tl.where(is_nope[None, :, None], raw.to(tl.float32) * scale[:, :, None],
+                  rope.to(tl.float32)[:, None, :])
+    return tl.reshape(k3, (BLOCK_N, 512)).to(tl.bfloat16)
+
+
+@triton.jit
 def _attend_block(acc, m_i, l_i, q, kv_ptr, idx_row_ptr, pos0, topk, length, bound, row_stride,
                   page_stride, sm_scale_log2, PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
                   BLOCK_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, DOT_F32: tl.constexpr):
@@ -214,8 +244,7 @@ def _attend_block(acc, m_i, l_i, q, kv_ptr, idx_row_ptr, pos0, topk, length, bou
     ids = tl.load(idx_row_ptr + pos, mask=in_row, other=-1)
     valid = in_row & (ids >= 0) & (ids < bound)
     if KV_FP8:
-        k = kvl.load_k_v4_rows(kv_ptr, ids, valid, page_stride, PAGE_SIZE, 448, 64, 576, 8, D)
-        k = k.to(tl.bfloat16)  # exact: e4m3 times a power of two fits bf16
+        k = _load_k_v4_bf16(kv_ptr, ids, valid, page_stride, PAGE_SIZE, BLOCK_N)
     else:
         cols = tl.arange(0, D)
         safe = tl.where(valid, ids, 0).to(tl.int64)
@@ -243,10 +272,10 @@ def _sparse_mla_fwd_kernel(
     lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s,
     max_ptr, stride_max_t,
     part_o_ptr, part_stat_ptr,
-    H, S_Q, sm_scale_log2, blocks_per_split,
+    H, S_Q, sm_scale_log2, blocks_per_split, num_splits,
     PAGE_SIZE: tl.constexpr, EX_PAGE_SIZE: tl.constexpr, KV_FP8: tl.constexpr,
     HAS_LEN: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_EX_LEN: tl.constexpr, HAS_SINK: tl.constexpr,
-    WRITE_MAX: tl.constexpr, LSE_LOG2: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    WRITE_MAX: tl.constexpr, LSE_LOG2: tl.constexpr, IS_SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
@@ -291,23 +320,24 @@ def _sparse_mla_fwd_kernel(
     empty = l_i == 0.0
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if NUM_SPLITS == 1:
-        _finish_rows(o, lse2, m_i, t, heads, hmask, dcols, sink_ptr, o_ptr, stride_ot, stride_oh,
+    if not IS_SPLIT:
+        _finish_rows(o, lse2, m_i, t, heads, hmask, hmask, dcols, sink_ptr, o_ptr, stride_ot, stride_oh,
                      lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s, max_ptr, stride_max_t, S_Q,
                      HAS_SINK, WRITE_MAX, LSE_LOG2)
     else:
         # partial out [T, NUM_SPLITS, H, DV] fp32; stats [T, NUM_SPLITS, 2, H] (lse2, max2)
-        row = (t * NUM_SPLITS + split) * H
+        row = (t * num_splits + split) * H
         tl.store(part_o_ptr + (row + heads)[:, None] * DV + dcols[None, :], o, mask=hmask[:, None])
         tl.store(part_stat_ptr + 2 * row + heads, lse2, mask=hmask)
         tl.store(part_stat_ptr + 2 * row + H + heads, m_i, mask=hmask)
 
 
 @triton.jit
-def _finish_rows(o, lse2, max2, t, heads, hmask, dcols, sink_ptr, o_ptr, stride_ot, stride_oh,
+def _finish_rows(o, lse2, max2, t, heads, hmask, smask, dcols, sink_ptr, o_ptr, stride_ot, stride_oh,
                  lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s, max_ptr, stride_max_t, S_Q,
                  HAS_SINK: tl.constexpr, WRITE_MAX: tl.constexpr, LSE_LOG2: tl.constexpr):
-    """Apply the sink and the no-token rule, then write out, lse (and max) for a block of heads."""
+    """Apply the sink and the no-token rule, then write out (columns `dcols`) and, where `smask`,
+    lse (and max) for a block of heads."""
     lonely = lse2 == float("-inf")
     if HAS_SINK:
         sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0)
@@ -325,28 +355,33 @@ def _finish_rows(o, lse2, max2, t, heads, hmask, dcols, sink_ptr, o_ptr, stride_
     bidx = t // S_Q
     sidx = t % S_Q
     tl.store(lse_ptr + bidx * stride_lse_b + heads * stride_lse_h + sidx * stride_lse_s, lse_out,
-             mask=hmask)
+             mask=smask)
     if WRITE_MAX:
         if LSE_LOG2:
             mx = max2
         else:
             mx = max2 * 0.6931471805599453
-        tl.store(max_ptr + t * stride_max_t + heads, mx, mask=hmask)
+        tl.store(max_ptr + t * stride_max_t + heads, mx, mask=smask)
 
 
 @triton.jit
 def _combine_kernel(part_o_ptr, part_stat_ptr, sink_ptr, o_ptr, stride_ot, stride_oh,
                     lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s, max_ptr, stride_max_t,
-                    H, S_Q, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, BLOCK_H: tl.constexpr,
-                    DV: tl.constexpr, HAS_SINK: tl.constexpr, WRITE_MAX: tl.constexpr,
-                    LSE_LOG2: tl.constexpr):
-    """Merge the split partials of one query token and a block of heads (log-sum-exp weights)."""
+                    H, S_Q, num_splits, SPLITS_P2: tl.constexpr, BLOCK_H: tl.constexpr,
+                    DV: tl.constexpr, BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr,
+                    WRITE_MAX: tl.constexpr, LSE_LOG2: tl.constexpr):
+    """Merge the split partials of one query token, a block of heads and BLOCK_D output columns.
+
+    The D chunk is a grid axis so that at batch 1 the merge runs on DV / BLOCK_D times more SMs
+    (one program per head block would read every split's [BLOCK_H, 512] partial serially).
+    """
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    pid_d = tl.program_id(2)
     hmask = heads < H
     sp = tl.arange(0, SPLITS_P2)
-    smask = sp < NUM_SPLITS
-    rows = (t * NUM_SPLITS + sp) * H  # [SPLITS_P2]
+    smask = sp < num_splits
+    rows = (t * num_splits + sp) * H  # [SPLITS_P2]
     stat_mask = smask[:, None] & hmask[None, :]
     lse_p = tl.load(part_stat_ptr + 2 * rows[:, None] + heads[None, :], mask=stat_mask,
                     other=float("-inf"))  # [S, BLOCK_H]
@@ -359,16 +394,16 @@ def _combine_kernel(part_o_ptr, part_stat_ptr, sink_ptr, o_ptr, stride_ot, strid
     empty = wsum == 0.0
     lse2 = tl.where(empty, float("-inf"), top_safe + tl.log2(tl.where(empty, 1.0, wsum)))
     w = w / tl.where(empty, 1.0, wsum)[None, :]
-    dcols = tl.arange(0, DV)
-    o = tl.zeros([BLOCK_H, DV], dtype=tl.float32)
-    for s in range(NUM_SPLITS):
+    dcols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    o = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    for s in range(num_splits):
         ws = tl.sum(tl.where(sp[:, None] == s, w, 0.0), axis=0)  # [BLOCK_H]
-        po = tl.load(part_o_ptr + ((t * NUM_SPLITS + s) * H + heads)[:, None] * DV + dcols[None, :],
+        po = tl.load(part_o_ptr + ((t * num_splits + s) * H + heads)[:, None] * DV + dcols[None, :],
                      mask=hmask[:, None], other=0.0)
         o += tl.where(ws[:, None] > 0.0, po * ws[:, None], 0.0)
-    _finish_rows(o, lse2, tl.max(max_p, axis=0), t, heads, hmask, dcols, sink_ptr, o_ptr, stride_ot,
-                 stride_oh, lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s, max_ptr, stride_max_t,
-                 S_Q, HAS_SINK, WRITE_MAX, LSE_LOG2)
+    _finish_rows(o, lse2, tl.max(max_p, axis=0), t, heads, hmask, hmask & (pid_d == 0), dcols, sink_ptr,
+                 o_ptr, stride_ot, stride_oh, lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s, max_ptr,
+                 stride_max_t, S_Q, HAS_SINK, WRITE_MAX, LSE_LOG2)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -382,7 +417,8 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
             extra: tuple[torch.Tensor, int, int, torch.Tensor, torch.Tensor | None, int] | None,
             sink: torch.Tensor | None, scale: float, d_v: int, out: torch.Tensor, lse: torch.Tensor,
             lse_strides: tuple[int, int, int], max_out: torch.Tensor | None, lse_log2: bool,
-            num_splits: int | None, block_h: int | None, block_n: int) -> None:
+            num_splits: int | None, block_h: int | None, block_n: int, num_warps: int | None = None,
+            num_stages: int | None = None) -> None:
     """Launch the fused kernel (+ combine) on q3 `[T, H, D]` and `[T, topk]` index rows."""
     t, h, d = q3.shape
     if d_v != d:
@@ -415,7 +451,9 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
         ex_kv, ex_page_size, ex_page_stride, ex_idx, ex_len, ex_bound = extra
     else:
         ex_kv, ex_page_size, ex_page_stride, ex_idx, ex_len, ex_bound = kv, 1, 0, dummy_i, None, 0
-    num_warps = 8 if bh * d >= 32 * 512 else 4
+    if num_warps is None:
+        num_warps = 8 if bh * d >= 32 * 512 else 4
+    extra_opts = {} if num_stages is None else {"num_stages": num_stages}
     _sparse_mla_fwd_kernel[(t, n_hb, num_splits)](
         q3, q3.stride(0), q3.stride(1),
         kv, page_stride, row_stride, indices2, indices2.stride(0),
@@ -427,21 +465,22 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
         lse, *lse_strides,
         max_out if max_out is not None else lse, max_out.stride(0) if max_out is not None else 0,
         part_o, part_stat,
-        h, s_q, scale * LOG2E, bps,
+        h, s_q, scale * LOG2E, bps, num_splits,
         PAGE_SIZE=page_size, EX_PAGE_SIZE=ex_page_size, KV_FP8=kv_fp8,
         HAS_LEN=lengths is not None, HAS_EXTRA=extra is not None, HAS_EX_LEN=ex_len is not None,
         HAS_SINK=sink is not None, WRITE_MAX=max_out is not None, LSE_LOG2=lse_log2,
-        NUM_SPLITS=num_splits, BLOCK_H=bh, BLOCK_N=block_n, D=d, DV=d_v, DOT_F32=interpreting(),
-        num_warps=num_warps,
+        IS_SPLIT=num_splits > 1, BLOCK_H=bh, BLOCK_N=block_n, D=d, DV=d_v, DOT_F32=interpreting(),
+        num_warps=num_warps, **extra_opts,
     )
     if num_splits > 1:
-        cbh = min(bh, 16)
-        _combine_kernel[(t, triton.cdiv(h, cbh))](
+        cbh = min(bh, 8)
+        cbd = min(d_v, 128)
+        _combine_kernel[(t, triton.cdiv(h, cbh), d_v // cbd)](
             part_o, part_stat, sink if sink is not None else q3, out, out.stride(0), out.stride(1),
             lse, *lse_strides, max_out if max_out is not None else lse,
-            max_out.stride(0) if max_out is not None else 0, h, s_q,
-            NUM_SPLITS=num_splits, SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_H=cbh, DV=d_v,
-            HAS_SINK=sink is not None, WRITE_MAX=max_out is not None, LSE_LOG2=lse_log2, num_warps=4)
+            max_out.stride(0) if max_out is not None else 0, h, s_q, num_splits,
+            SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_H=cbh, DV=d_v,
+            BLOCK_D=cbd, HAS_SINK=sink is not None, WRITE_MAX=max_out is not None, LSE_LOG2=lse_log2, num_warps=4)
 
 
 def _as_i32(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -466,8 +505,15 @@ def sparse_mla_decode_triton(
     num_splits: int | None = None,
     block_h: int | None = None,
     block_n: int = 32,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton twin of `sparse_mla_decode_reference` (same arguments and returns)."""
+    """Triton twin of `sparse_mla_decode_reference` (same arguments and returns).
+
+    Keyword-only tuning knobs (defaults from the H200 sweep of scripts/bench/attention.py):
+    num_splits (token-list splits merged by the combine kernel), block_h (heads per program),
+    block_n (tokens per step), num_warps, num_stages.
+    """
     b, s_q, h_q, d = q.shape
     if softmax_scale is None:
         softmax_scale = d ** -0.5
@@ -495,7 +541,8 @@ def sparse_mla_decode_triton(
             row_stride=0, extra=extra, sink=None if attn_sink is None else attn_sink.float().contiguous(),
             scale=softmax_scale, d_v=head_dim_v, out=out.view(t, h_q, head_dim_v), lse=lse,
             lse_strides=(lse.stride(0), lse.stride(1), lse.stride(2)), max_out=None, lse_log2=False,
-            num_splits=num_splits, block_h=block_h, block_n=block_n)
+            num_splits=num_splits, block_h=block_h, block_n=block_n, num_warps=num_warps,
+            num_stages=num_stages)
     return out, lse
 
 
