@@ -22,7 +22,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from kernels_triton.fp8_gemm import GemmConfig, default_config, fp8_block_gemm  # noqa: E402
+from kernels_triton.fp8_gemm import (  # noqa: E402
+    GemmConfig,
+    GemvConfig,
+    default_gemv_config,
+    fp8_block_gemm,
+)
 
 SHAPES = [(25600, 6144), (16384, 1280), (5120, 4096), (4096, 1280), (5120, 1152), (2304, 5120), (1792, 5120)]
 LAYERS = 40
@@ -95,7 +100,7 @@ def act(m: int, k: int, bk: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(m, k, device="cuda").to(FP8), torch.rand(m, -(-k // bk), device="cuda") * 1e-2 + 1e-3
 
 
-def gemv_time(wts: Weights, m: int, cfg: GemmConfig | None, repeat: int = 2) -> float:
+def gemv_time(wts: Weights, m: int, cfg: GemmConfig | GemvConfig | None, repeat: int = 2) -> float:
     a, sa = act(m, wts.k, wts.bk)
     out = torch.empty(m, wts.n, dtype=torch.bfloat16, device="cuda")
     calls = [lambda w=w, s=s: fp8_block_gemm(a, sa, w, s, (wts.bn, wts.bk), out=out, config=cfg)
@@ -118,6 +123,7 @@ def scaled_mm_time(wts: Weights, m: int) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
+    ap.add_argument("--no-prefill", action="store_true", help="skip the M=2048 part")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
@@ -130,37 +136,38 @@ def main() -> None:
     res["copy_GBps"] = copy_bw
     print(f"copy bandwidth: {copy_bw:.0f} GB/s (read+write)")
 
-    sweep_cfgs = []
-    if args.sweep:
-        for bn_ in (32, 64, 128):
-            for bk_, dq in ((32, False), (128, True), (256, True)):
-                for split_mult in (2, 4, 8):
-                    sweep_cfgs.append((bn_, bk_, dq, split_mult))
-        # the SPLIT count is a runtime argument: only (block_n, block_k, mode, stages) compile
+    # M = 1 GEMV sweep: (block_n, block_k) x warps x stages; the split count is a runtime argument
+    # (1 and the SM-count heuristic's), so only the tile/warps/stages/split-or-not variants compile.
+    sweep_tiles = [(8, 512), (8, 1024), (16, 512), (16, 1024), (32, 256), (32, 512)]
+    sweep_cfgs = [(bn_, bk_, w, st) for bn_, bk_ in sweep_tiles for w in (4, 8) for st in (1, 3)] if args.sweep else []
+    sweep_hist: dict = {}
 
     rows = []
     total_ms = 0.0
     total_bytes = 0
+    best_total = 0.0
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k in SHAPES:
         copies = max(2, int(3 * 60e6 // (n * k)) + 1)  # > 3x the 60 MB L2 per rotation
         wts = Weights(n, k, 32, 32, copies)
         ms = gemv_time(wts, 1, None)
-        best = (ms, "default " + str(default_config(1, n, k, 32, 32, torch.device("cuda"))))
+        best = (ms, "default " + str(default_gemv_config(n, k, 32, torch.device("cuda"))))
         if args.sweep:
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
-            for bn_, bk_, dq, sm in sweep_cfgs:
+            for bn_, bk_, w, st in sweep_cfgs:
                 tiles = -(-n // bn_)
-                split = max(1, min(-(-k // bk_), (sm * sms) // tiles, 32))
-                for stages in (4,):
-                    cfg = GemmConfig(16, bn_, bk_, split, 4, stages, dq, 1)
+                auto = max(1, min(-(-k // bk_), -(-2 * sms // tiles)))
+                for split in sorted({1, auto, 2 * auto}):
+                    cfg = GemvConfig(bn_, bk_, split, w, st)
                     try:
-                        t = gemv_time(wts, 1, cfg)
+                        t = gemv_time(wts, 1, cfg, repeat=1)
                     except Exception as e:  # noqa: BLE001
-                        print(f"  cfg {cfg} failed: {type(e).__name__}")
+                        print(f"  cfg {cfg} failed: {type(e).__name__}: {str(e)[:80]}")
                         continue
+                    sweep_hist.setdefault((bn_, bk_, w, st, split == 1), []).append(t / ms)
                     if t < best[0]:
                         best = (t, str(cfg))
             print(f"  best for {n}x{k}: {best[0] * 1e3:.1f} us {best[1]}")
+        best_total += best[0]
         gbps = wts.nbytes() / ms / 1e6
         smm = scaled_mm_time(wts, 1)
         bfs = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, copies // 2))]
@@ -180,12 +187,21 @@ def main() -> None:
         del wts
         torch.cuda.empty_cache()
     layer_gbps = total_bytes / total_ms / 1e6
+    if args.sweep:
+        print(f"sweep best per shape, summed: {best_total * 1e3:.1f} us per layer "
+              f"({100 * total_bytes / best_total / 1e6 / copy_bw:.1f}% of copy)")
+        for key, rel in sorted(sweep_hist.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))[:8]:
+            print(f"  (bn, bk, warps, stages, no-split)={key}: mean time / default = {sum(rel) / len(rel):.3f}")
     res["gemv"] = rows
     res["per_layer_ms"] = total_ms
     res["per_token_40_layers_ms"] = total_ms * LAYERS
     print(f"per layer: {total_bytes / 1e6:.1f} MB in {total_ms * 1e3:.1f} us = {layer_gbps:.0f} GB/s "
           f"({100 * layer_gbps / copy_bw:.1f}% of copy); 40 layers: {total_ms * LAYERS:.2f} ms per decode token")
 
+    if args.no_prefill:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        return
     # Prefill, M = 2048
     prow = []
     m = 2048
