@@ -402,28 +402,31 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
 def default_gemv_config(n: int, k: int, bn: int, device: torch.device) -> GemvConfig | None:
     """Config of the M = 1 GEMV kernel, or None where it does not apply (scale rows narrower than 8).
 
-    Heuristic from the H200 sweep (scripts/bench/gemm.py --sweep, RESULTS.md 2026-11-29): the widest
-    N tile (<= 32, dividing the scale block) that still gives >= 2 CTAs per SM, 512-wide K steps,
-    and split-K only when even 8-row tiles leave SMs idle. Counted in SMs, so SM120 parts with
-    more or fewer SMs get proportionate grids.
+    Heuristic from the H200 sweep (scripts/bench/gemm.py --sweep, RESULTS.md 2026-11-29): 8-row N
+    tiles, the largest K step (<= 1024) dividing K, 8 warps for 1024-wide steps, and split-K only
+    when the N tiles alone give fewer than 2 CTAs per SM. Counted in SMs, so SM120 parts with more
+    or fewer SMs get proportionate grids.
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
         f = [int(x) for x in env.split(",")]
         return GemvConfig(*f)
-    if bn < 8:
+    if bn < 8 or bn % 8:
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
+    # 8-row tiles won on 6 of the 7 V4.1 shapes (more CTAs in flight beat x reuse across rows);
+    # a K step that divides K avoids a masked, half-empty last step (1280 -> 256, 5120 -> 1024).
     block_n = 8
-    for cand in (32, 16):
-        if cand <= bn and bn % cand == 0 and -(-n // cand) >= 2 * sms:
-            block_n = cand
+    block_k = 512
+    for cand in (1024, 512, 256):
+        if k % cand == 0:
+            block_k = cand
             break
-    block_k = min(512, max(64, triton.next_power_of_2(k)))
+    block_k = min(block_k, max(64, triton.next_power_of_2(k)))
     tiles = -(-n // block_n)
     k_iters = -(-k // block_k)
-    split = max(1, min(k_iters, -(-2 * sms // tiles)))
-    return GemvConfig(block_n, block_k, split, 4, 3)
+    split = 1 if tiles >= 2 * sms else max(1, min(k_iters, -(-4 * sms // tiles)))
+    return GemvConfig(block_n, block_k, split, 8 if block_k >= 1024 else 4, 3)
 
 
 def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,

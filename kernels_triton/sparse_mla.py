@@ -426,15 +426,16 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
     if d & (d - 1):
         raise NotImplementedError(f"head dim must be a power of two, got {d}")
     topk = indices2.shape[1]
-    bh = block_h or (16 if h <= 16 else 32)
+    bh = block_h or 16  # 32/64 heads per program spill (H200 sweep: 1.5-2x slower at every batch)
     n_hb = triton.cdiv(h, bh)
     ex_topk = extra[3].shape[1] if extra is not None else 0
     n_blocks = triton.cdiv(topk, block_n) + triton.cdiv(ex_topk, block_n)
     if num_splits is None:
-        # Enough programs to fill the GPU at small batch, but at least 4 blocks per split so the
-        # partial outputs stay small next to the KV bytes they summarize.
-        want = triton.cdiv(2 * _num_sms(q3.device), max(1, t * n_hb))
-        num_splits = max(1, min(want, triton.cdiv(n_blocks, 4), 32))
+        # About one wave of programs, at least 2 blocks per split (H200 sweep, RESULTS.md
+        # 2026-11-29: batch 1 -> 10 splits of 2 blocks was best, 1 block per split pays more in
+        # partials and combine than it saves; batch >= 16 wants few or no splits).
+        want = triton.cdiv(_num_sms(q3.device), max(1, t * n_hb))
+        num_splits = max(1, min(want, triton.cdiv(n_blocks, 2), 32))
     num_splits = max(1, min(num_splits, max(1, n_blocks)))
     bps = triton.cdiv(max(1, n_blocks), num_splits)
     num_splits = triton.cdiv(max(1, n_blocks), bps)
@@ -452,7 +453,8 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
     else:
         ex_kv, ex_page_size, ex_page_stride, ex_idx, ex_len, ex_bound = kv, 1, 0, dummy_i, None, 0
     if num_warps is None:
-        num_warps = 8 if bh * d >= 32 * 512 else 4
+        # 8 warps only help when few programs run (batch 1); at batch >= 16 4 warps were 1.3-1.6x faster.
+        num_warps = 8 if (bh * d >= 32 * 512 or t * n_hb <= 16) else 4
     extra_opts = {} if num_stages is None else {"num_stages": num_stages}
     _sparse_mla_fwd_kernel[(t, n_hb, num_splits)](
         q3, q3.stride(0), q3.stride(1),
