@@ -40,6 +40,9 @@ Vision projector GGUF; by default one found next to the model is used (--mmproj)
 .PARAMETER CpuThreads
 Threads for the CPU experts; default: the physical cores (--cpu-threads).
 
+.PARAMETER MaxRunningRequests
+How many requests run at once; more wait in a queue (--max-running-requests).
+
 .PARAMETER ApiKey
 Require this key as 'Authorization: Bearer <key>' (--api-key).
 
@@ -92,6 +95,8 @@ param(
 
     [int]$CpuThreads,
 
+    [int]$MaxRunningRequests,
+
     [string]$ApiKey,
 
     [ValidateSet('auto', 'cpu', 'cuda')]
@@ -119,6 +124,7 @@ $FlagOf = [ordered]@{
     Draft         = '--draft-model'
     Mmproj        = '--mmproj'
     CpuThreads    = '--cpu-threads'
+    MaxRunningRequests = '--max-running-requests'
     ApiKey        = '--api-key'
     Device        = '--device'
     Tp            = '--tp'

@@ -14,7 +14,9 @@ def activate() -> None:
     """Install emulation and the shim finder in this interpreter."""
     try:
         from winport import ktkernel, shimloader, winemu
+        from winport.platform import windows_compat
 
+        windows_compat.apply_if_windows()
         winemu.install()
         shimloader.install()
         # kt-kernel picks its CPU variant from /proc/cpuinfo and globs *.so: on Windows (and under

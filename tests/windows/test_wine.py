@@ -30,27 +30,18 @@ from tests.windows import pwsh, wine_harness
 
 # The lead sets this to True once `winport serve --demo` works (issue 5); from then on the demo
 # test runs and fails when the server does not answer.
-SERVE_READY = False
+SERVE_READY = True
 
 # SGLang modules that fail to import under Windows CPython today (found by this tier). Product bugs
 # for winport to fix; test_sglang_imports_on_windows is a strict xfail until all are fixed.
-KNOWN_SGLANG_IMPORT_BUGS = (
-    "sglang/srt/mem_cache/storage/mmap/mmap_allocator.py:52 reads mmap.PROT_READ at import "
-    "(Windows' mmap has no PROT_* constants); reached from sglang.srt.layers.moe.topk",
-    "sglang/srt/disaggregation/common/conn.py:2477 sets zmq.MAX_SOCKETS=16384 at class definition; "
-    "Windows libzmq accepts at most 8192 (EINVAL); reached from sglang.srt.managers.scheduler",
-)
+KNOWN_SGLANG_IMPORT_BUGS: tuple[str, ...] = ()  # fixed by winport/platform/windows_compat.py
 # Modules whose import the demo server and the op tests need.
 SGLANG_MODULES_NEEDED = ("sglang", "sglang.srt.layers.moe.topk", "sglang.srt.managers.scheduler",
                          "sglang.srt.entrypoints.http_server")
 
 # tests/ops files (passed as --ignore) or node ids (--deselect) that cannot run under Windows CPython
 # here, with the reason. Remove an entry as soon as its reason is gone.
-OPS_EXCLUDED: dict[str, str] = {
-    # imports SGLang's test references at module level, so collection errors instead of skipping
-    "tests/ops/test_dsv4_xpu.py": "imports SGLang's test references at module level (no importorskip), so "
-                                  "collection errors while KNOWN_SGLANG_IMPORT_BUGS stand",
-}
+OPS_EXCLUDED: dict[str, str] = {}
 
 # /proc/cpuinfo spells one of doctor's ISA names differently.
 PROC_CPUINFO_NAME = {"avx512_vbmi": "avx512vbmi"}
@@ -138,12 +129,11 @@ def test_install_ps1_probe_refuses_the_embeddable_python(windows_python: wine_ha
 
 
 @pytest.mark.wine
-@pytest.mark.xfail(strict=True, reason="; ".join(KNOWN_SGLANG_IMPORT_BUGS))
 def test_sglang_imports_on_windows(windows_python: wine_harness.Provisioned) -> None:
     """SGLang (repacked pure-Python, as installed on Windows) imports what the server needs.
 
-    strict xfail: once winport fixes KNOWN_SGLANG_IMPORT_BUGS this passes and the xfail turns into
-    a failure: then empty the tuple, remove the marker and OPS_EXCLUDED's entry.
+    The two Windows import failures this tier found (mmap.PROT_*, zmq.MAX_SOCKETS) are fixed by
+    winport/platform/windows_compat.py, applied at interpreter start.
     """
     code = f"import importlib\nfor m in {SGLANG_MODULES_NEEDED!r}:\n    importlib.import_module(m)\nprint('ok')"
     _check(wine_harness.run_python(["-c", code], timeout=300), "importing SGLang's server modules")

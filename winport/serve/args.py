@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-model", type=Path, default=None, help="DSpark draft GGUF (default: found next to the model)")
     ap.add_argument("--mmproj", type=Path, default=None, help="vision projector GGUF (default: found next to the model)")
     ap.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU experts (default: physical cores)")
+    ap.add_argument("--max-running-requests", type=int, default=None,
+                    help="how many requests run at once; more wait in a queue (default: SGLang's)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (gloo collectives)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

@@ -128,6 +128,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         sg += ["--api-key", args.api_key]
     if args.context_length:
         sg += ["--context-length", str(args.context_length)]
+    if args.max_running_requests is not None:
+        if args.max_running_requests < 1:
+            raise ServeError("--max-running-requests must be at least 1")
+        sg += ["--max-running-requests", str(args.max_running_requests)]
     if args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)

@@ -1,0 +1,91 @@
+"""`winport serve` flag translation and --vram-gib planning, without starting a server."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from winport.serve import command
+from winport.serve.memory import GIB, VramError, plan_vram
+
+
+@pytest.fixture
+def cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command, "_cuda_available", lambda: False)
+
+
+def test_demo_plan_defaults_to_loopback_cpu_and_sglang_switches(cpu_only: None, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path))
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
+    plan = command.build_plan(["--demo"])
+    argv = plan.argv
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--device") + 1] == "cpu"
+    assert plan.url == "http://127.0.0.1:30000"
+    assert plan.env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert plan.env["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
+    assert plan.env["WINPORT_PLATFORM"] == "on"
+    assert "--api-key" not in argv
+
+
+def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
+    plan = command.build_plan(["--demo", "--api-key", "s3cret", "--max-running-requests", "3",
+                               "--context-length", "2048", "--port", "31000"])
+    a = plan.argv
+    assert a[a.index("--api-key") + 1] == "s3cret"
+    assert a[a.index("--max-running-requests") + 1] == "3"
+    assert a[a.index("--context-length") + 1] == "2048"
+    assert plan.url.endswith(":31000")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--demo", "--vram-gib", "8"], "no CUDA GPU"),
+        (["--demo", "--device", "cuda"], "sees no CUDA GPU"),
+        (["--demo", "--port", "70000"], "is not a TCP port"),
+        (["--model", "/nonexistent/model"], "no such file or folder"),
+        (["--demo", "--max-running-requests", "0"], "at least 1"),
+    ],
+)
+def test_impossible_settings_fail_with_a_reason(cpu_only: None, tmp_path, monkeypatch, argv, message) -> None:
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
+    with pytest.raises(command.ServeError, match=message):
+        command.build_plan(argv)
+
+
+def test_gguf_model_is_refused_until_wired(cpu_only: None, tmp_path) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(command.ServeError, match="GGUF files is not wired"):
+        command.build_plan(["--model", str(gguf)])
+
+
+def test_main_reports_errors_with_exit_code_2(cpu_only: None, capsys) -> None:
+    assert command.main(["--model", "/nonexistent"]) == 2
+    assert "winport serve: --model /nonexistent: no such file or folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("budget", "total_gib", "fraction"), [(80, 96, 80 / 96), (24, 32, 24 / 32), (1, 8, 1 / 8)])
+def test_vram_budget_becomes_a_fraction(budget: float, total_gib: float, fraction: float) -> None:
+    plan = plan_vram(budget, int(total_gib * GIB))
+    assert math.isclose(plan.mem_fraction_static, fraction)
+    assert f"--vram-gib {budget:g}" in plan.describe()
+
+
+@pytest.mark.parametrize(
+    ("budget", "total_gib", "message"),
+    [
+        (0, 32, "positive"),
+        (-4, 32, "positive"),
+        (float("nan"), 32, "positive"),
+        (0.5, 32, "below the 1 GiB"),
+        (31, 32, "it has 32.0 GiB, of which 30.5 GiB are usable"),
+        (200, 96, "more than this GPU can give"),
+    ],
+)
+def test_impossible_vram_budget_names_the_numbers(budget: float, total_gib: float, message: str) -> None:
+    with pytest.raises(VramError, match=message):
+        plan_vram(budget, int(total_gib * GIB))

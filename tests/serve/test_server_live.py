@@ -1,0 +1,216 @@
+"""`winport serve --demo` for real: SGLang serving the DeepSeek-V4 demo model on CPU.
+
+One server for the whole module (starting it takes about a minute on 2 cores), run exactly as a
+user would run it (`python -m winport serve --demo ...`) under WINPORT_EMULATE_WINDOWS=1, so every
+request here also exercises the Windows code paths (tcp zmq channels, no fork, no SIGQUIT, no
+fcntl/resource, shims for every Linux-only library). Requests go through the real `openai` client.
+The last test stops the server with Ctrl-C and checks that no process is left.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+API_KEY = "test-key-123"
+MAX_RUNNING = 4
+START_TIMEOUT_S = 900  # a cold CI machine builds the demo model and imports SGLang first
+
+
+@dataclass
+class Server:
+    """A running `winport serve` process and what it printed."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    output: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        """Everything printed so far."""
+        return "".join(self.output)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    """Start `winport serve --demo` once for this module; stop it (if still running) at the end."""
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WINPORT_", "SGLANG_"))}
+    env.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(REPO_ROOT / ".cache" / "winport-test"),
+                "PYTHONUNBUFFERED": "1"})
+    cmd = [sys.executable, "-m", "winport", "serve", "--demo", "--port", str(port), "--api-key", API_KEY,
+           "--max-running-requests", str(MAX_RUNNING)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO_ROOT)
+    srv = Server(proc, f"http://127.0.0.1:{port}")
+    threading.Thread(target=lambda: srv.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "winport serve: ready at" not in srv.text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"winport serve did not become ready (exit {proc.poll()}):\n{srv.text()[-6000:]}")
+        time.sleep(1)
+    yield srv
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _client(srv: Server, key: str | None = API_KEY):  # type: ignore[no-untyped-def]
+    from openai import OpenAI
+
+    return OpenAI(base_url=srv.url + "/v1", api_key=key or "none", timeout=300, max_retries=0)
+
+
+def _model(srv: Server) -> str:
+    return _client(srv).models.list().data[0].id
+
+
+def _post(srv: Server, path: str, body: bytes, key: str | None = API_KEY) -> tuple[int, str]:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(srv.url + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback only
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_ready_line_names_a_loopback_url(server: Server) -> None:
+    line = next(ln for ln in server.output if "ready at" in ln)
+    assert f"ready at {server.url} " in line
+    assert server.url.startswith("http://127.0.0.1:")
+
+
+def test_api_key_is_required(server: Server) -> None:
+    from openai import AuthenticationError
+
+    with pytest.raises(AuthenticationError):
+        _client(server, key="wrong-key").models.list()
+    status, _ = _post(server, "/v1/chat/completions", b'{"model": "m", "messages": []}', key=None)
+    assert status == 401
+
+
+def test_chat_completion(server: Server) -> None:
+    reply = _client(server).chat.completions.create(
+        model=_model(server), messages=[{"role": "user", "content": "hello world?"}], max_tokens=6, temperature=0)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.finish_reason == "length"
+    assert reply.usage.completion_tokens == 6
+    assert reply.usage.prompt_tokens > 2
+
+
+def test_streaming_chat_equals_non_streaming(server: Server) -> None:
+    client, model = _client(server), _model(server)
+    messages = [{"role": "user", "content": "The server loads 42 weights."}]
+    whole = client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
+    pieces = []
+    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0,
+                                                stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_completions_streaming_and_not(server: Server) -> None:
+    client, model = _client(server), _model(server)
+    whole = client.completions.create(model=model, prompt="def main():", max_tokens=5, temperature=0)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=model, prompt="def main():", max_tokens=5, temperature=0, stream=True) if c.choices)
+    assert whole.choices[0].text and streamed == whole.choices[0].text
+    assert whole.usage.completion_tokens == 5
+
+
+def test_eight_concurrent_requests(server: Server) -> None:
+    client, model = _client(server), _model(server)
+    prompts = [f"question {i}: hello windows {i * 7}?" for i in range(8)]
+
+    def ask(prompt: str) -> tuple[str, int]:
+        r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                           max_tokens=4, temperature=0)
+        return r.choices[0].message.content, r.usage.completion_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(ask, prompts))
+    assert len(results) == 8
+    assert all(text and tokens == 4 for text, tokens in results)
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}', "max_new_tokens must be at least 0"),
+        (b'{"model": "m"}', "messages"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}', ""),
+        (b'{"model": "m", "messages": "not a list"}', "messages"),
+    ],
+)
+def test_malformed_requests_get_4xx_and_the_server_keeps_serving(server: Server, body: bytes, needle: str) -> None:
+    status, text = _post(server, "/v1/chat/completions", body)
+    assert 400 <= status < 500, (status, text)
+    assert needle in text
+    ok = _client(server).chat.completions.create(
+        model=_model(server), messages=[{"role": "user", "content": "still there?"}], max_tokens=2, temperature=0)
+    assert ok.usage.completion_tokens == 2
+
+
+def test_client_disconnect_mid_stream_frees_its_slot(server: Server) -> None:
+    # Fill every running slot with long streams, read a little of each, hang up. If a slot were not
+    # freed, the next request would queue behind ~1000 decode steps (minutes on this CPU).
+    body = json.dumps({"model": _model(server), "messages": [{"role": "user", "content": "tell me more"}],
+                       "max_tokens": 1000, "temperature": 0, "stream": True, "ignore_eos": True}).encode()
+    conns = []
+    for _ in range(MAX_RUNNING):
+        req = urllib.request.Request(server.url + "/v1/chat/completions", data=body, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+        resp = urllib.request.urlopen(req, timeout=300)  # noqa: S310 - loopback only
+        resp.readline()
+        conns.append(resp)
+    for resp in conns:
+        resp.fp.raw._sock.shutdown(socket.SHUT_RDWR)  # hang up mid-stream, like a killed client
+        resp.close()
+    start = time.monotonic()
+    reply = _client(server).chat.completions.create(
+        model=_model(server), messages=[{"role": "user", "content": "next"}], max_tokens=2, temperature=0)
+    assert reply.usage.completion_tokens == 2
+    assert time.monotonic() - start < 120, "the disconnected streams kept their slots"
+
+
+def test_ctrl_c_stops_every_process(server: Server) -> None:
+    import psutil
+
+    root = psutil.Process(server.proc.pid)
+    family = [root, *root.children(recursive=True)]
+    assert len(family) >= 3, "expected winport serve, SGLang's server and its scheduler/detokenizer"
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(120) == 0
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert "winport serve: stopped" in server.text()
