@@ -7,6 +7,7 @@ from __future__ import annotations
 PATCHES: tuple[str, ...] = (
     "windows_signals",
     "zmq_tcp_endpoints",
+    "cpu_topology_without_lscpu",
     "cpu_pin_memory",
     "cpu_rope_without_scaling",
     "cpu_dsv4_fp8_kv",
