@@ -22,7 +22,10 @@ _DEEPSEEK3_SPLITS = (
     r"[一-龥぀-ゟ゠-ヿ]+",
     r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 )
+# GPT-2's split (what tokenizers' ByteLevel pre-tokenizer applies with use_regex=True).
+_GPT2_SPLITS = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",)
 _PRE_SPLITS: dict[str, tuple[str, ...]] = {
+    "gpt2": _GPT2_SPLITS,
     "deepseek-v3": _DEEPSEEK3_SPLITS,
     "deepseek-v4": _DEEPSEEK3_SPLITS,
     "joyai-llm": _DEEPSEEK3_SPLITS,

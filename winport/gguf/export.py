@@ -1,0 +1,309 @@
+"""Write a DeepSeek-V4 checkpoint folder as a GGUF with llama.cpp's deepseek4 names and hparams.
+
+The inverse of what :mod:`winport.gguf.to_checkpoint` reads: tensor names come from the name table
+(deepseek4_names.toml) used backwards (the first GGUF alias of each target), hparams from the
+same table's ``[hparams]`` section (see :mod:`winport.gguf.hparams`), the tokenizer as llama.cpp
+stores a byte-level BPE (``tokenizer.ggml.*``) plus ``tokenizer.chat_template``. It exists so the
+demo model can be served from a GGUF and compared with its safetensors form; it is not a general
+quantizer. Tensors keep their stored type (BF16/F32/I32); ``dense_q8_0=True`` stores the dense
+linear weights (the table's ``fp8`` role, the ones Unsloth ships as Q8_0) as Q8_0, quantized by
+gguf-py. Routed experts per layer are stacked into one [E, N, K] tensor, as GGUF keeps them.
+
+Tensors are written one at a time (gguf-py's streaming writer: infos first, then data), so at
+most one GGUF tensor (for experts: one stacked layer) is in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import hparams as _hp
+from . import names as _names
+from .reader import GGUFError
+
+Q8_0_BLOCK = 32
+Q8_0_BYTES = 34  # fp16 scale + 32 int8
+
+
+@dataclass(frozen=True)
+class _Reverse:
+    regex: re.Pattern[str]
+    gguf: str
+    role: str
+
+
+def _reverse_table() -> list[_Reverse]:
+    """Checkpoint-name regexes -> first GGUF name of each table row (experts: per-expert names)."""
+    entries, _ = _names.load_table()
+    out = []
+    for e in entries:
+        pat = re.escape(e.target).replace(r"\{L\}", r"(?P<L>\d+)").replace(r"\{E\}", r"(?P<E>\d+)")
+        if e.role == "experts":
+            pat += r"\.weight"  # converters yield <target>.weight per expert
+        out.append(_Reverse(re.compile("^" + pat + "$"), e.gguf[0], e.role))
+    return out
+
+
+def gguf_name(name: str) -> tuple[str, str, int | None]:
+    """(GGUF tensor name, table role, expert index or None) of one checkpoint tensor name."""
+    for r in _reverse_table():
+        m = r.regex.match(name)
+        if m:
+            g = r.gguf.replace("{L}", m.group("L")) if "L" in r.regex.groupindex else r.gguf
+            e = int(m.group("E")) if "E" in r.regex.groupindex else None
+            return g, r.role, e
+    raise GGUFError(f"tensor {name!r}: the name table has no GGUF name for it")
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED = 1, 3, 4
+
+
+def _pre_name(pre: dict[str, Any] | None) -> str:
+    """llama.cpp's ``tokenizer.ggml.pre`` for a tokenizers pre-tokenizer we know how to rebuild."""
+    if pre and pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt2"  # ByteLevel's own regex is GPT-2's
+    if pre and pre.get("type") == "Sequence":
+        kinds = [p.get("type") for p in pre.get("pretokenizers", [])]
+        if kinds and kinds[-1] == "ByteLevel" and all(k == "Split" for k in kinds[:-1]):
+            return "deepseek-v3"
+    raise GGUFError(f"tokenizer.json: pre-tokenizer {pre!r} has no llama.cpp 'tokenizer.ggml.pre' name here")
+
+
+def tokenizer_metadata(folder: Path) -> dict[str, tuple[Any, str]]:
+    """``tokenizer.ggml.*`` and ``tokenizer.chat_template`` of a HF byte-level BPE tokenizer folder."""
+    tj = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    tc_path = folder / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.exists() else {}
+    model = tj.get("model", {})
+    if model.get("type") != "BPE":
+        raise GGUFError(f"{folder / 'tokenizer.json'}: model type {model.get('type')!r}, only BPE is exported")
+    vocab: dict[str, int] = dict(model["vocab"])
+    for t in tj.get("added_tokens", []):
+        vocab[t["content"]] = t["id"]
+    n = max(vocab.values()) + 1
+    tokens = [""] * n
+    for text, i in vocab.items():
+        tokens[i] = text
+    if any(t == "" for t in tokens):
+        raise GGUFError(f"{folder / 'tokenizer.json'}: token ids have gaps")
+    types = [TOKEN_NORMAL] * n
+    for t in tj.get("added_tokens", []):
+        types[t["id"]] = TOKEN_CONTROL if t.get("special") else TOKEN_USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    meta: dict[str, tuple[Any, str]] = {
+        "tokenizer.ggml.model": ("gpt2", "STRING"),
+        "tokenizer.ggml.pre": (_pre_name(tj.get("pre_tokenizer")), "STRING"),
+        "tokenizer.ggml.tokens": (tokens, "ARRAY:STRING"),
+        "tokenizer.ggml.token_type": (types, "ARRAY:INT32"),
+        "tokenizer.ggml.merges": (merges, "ARRAY:STRING"),
+        "tokenizer.ggml.add_bos_token": (bool(tc.get("add_bos_token", False)), "BOOL"),
+        "tokenizer.ggml.add_eos_token": (bool(tc.get("add_eos_token", False)), "BOOL"),
+    }
+
+    def tok_text(v: Any) -> str | None:
+        return v.get("content") if isinstance(v, dict) else v
+
+    for field_name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                            ("pad_token", "padding_token_id"), ("unk_token", "unknown_token_id")):
+        text = tok_text(tc.get(field_name))
+        if text is not None and text in vocab:
+            meta[f"tokenizer.ggml.{key}"] = (vocab[text], "UINT32")
+    template = tc.get("chat_template")
+    if template is None and (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    if isinstance(template, str):
+        meta["tokenizer.chat_template"] = (template, "STRING")
+    return meta
+
+
+# --- tensors ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Planned:
+    gguf: str
+    role: str
+    sources: list[tuple[str, str]]  # (safetensors file, tensor name); several = stacked experts
+    shape: tuple[int, ...]  # numpy order, stacked
+    dtype: str  # safetensors dtype string
+    q8_0: bool = False
+
+
+_ST_TO_NP = {"BF16": np.int16, "F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64,
+             "I16": np.int16, "I8": np.int8, "F64": np.float64}
+
+
+def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise GGUFError(f"{folder}: no *.safetensors files")
+    plans: dict[str, _Planned] = {}
+    experts: dict[str, dict[int, tuple[str, str, tuple[int, ...], str]]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
+                sl = st.get_slice(name)
+                shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
+                if dtype not in _ST_TO_NP:
+                    raise GGUFError(f"{f}: tensor {name!r}: dtype {dtype} is not exported")
+                g, role, e = gguf_name(name)
+                if e is not None:
+                    experts.setdefault(g, {})[e] = (str(f), name, shape, dtype)
+                    continue
+                if g in plans:
+                    raise GGUFError(f"{f}: tensors {plans[g].sources[0][1]!r} and {name!r} both map to {g!r}")
+                q8 = dense_q8_0 and role == "fp8" and len(shape) == 2 and shape[1] % Q8_0_BLOCK == 0
+                plans[g] = _Planned(g, role, [(str(f), name)], shape, dtype, q8)
+    for g, by_e in experts.items():
+        if sorted(by_e) != list(range(len(by_e))):
+            raise GGUFError(f"{folder}: experts of {g!r} are not numbered 0..{len(by_e) - 1}")
+        first = by_e[0]
+        if any(v[2] != first[2] or v[3] != first[3] for v in by_e.values()):
+            raise GGUFError(f"{folder}: experts of {g!r} differ in shape or dtype")
+        plans[g] = _Planned(g, "experts", [(v[0], v[1]) for _, v in sorted(by_e.items())],
+                            (len(by_e), *first[2]), first[3])
+
+    def order(p: _Planned) -> tuple[int, int, str]:
+        m = re.match(r"^blk\.(\d+)\.", p.gguf)
+        return (1, int(m.group(1)), p.gguf) if m else (0, 0, p.gguf)
+
+    return sorted(plans.values(), key=order)
+
+
+def _load(p: _Planned) -> np.ndarray:
+    """The planned tensor's stored bytes as numpy (bf16 as int16), experts stacked."""
+    from safetensors import safe_open
+
+    parts = []
+    for f, name in p.sources:
+        with safe_open(f, framework="pt") as st:
+            t = st.get_tensor(name)
+        if p.dtype == "BF16":
+            import torch
+
+            t = t.view(torch.int16)
+        parts.append(t.numpy())
+    return parts[0] if len(parts) == 1 else np.stack(parts)
+
+
+def _quantize_q8_0(p: _Planned, arr: np.ndarray) -> np.ndarray:
+    import gguf
+    import torch
+
+    x = torch.from_numpy(arr).view(torch.bfloat16).float().numpy() if p.dtype == "BF16" else arr.astype(np.float32)
+    return gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+
+
+def _ggml_type(p: _Planned) -> Any:
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    if p.q8_0:
+        return T.Q8_0
+    return {"BF16": T.BF16, "F32": T.F32, "F16": T.F16, "F64": T.F64, "I32": T.I32, "I64": T.I64,
+            "I16": T.I16, "I8": T.I8}[p.dtype]
+
+
+def _nbytes(p: _Planned) -> int:
+    n = int(np.prod(p.shape, dtype=np.int64)) if p.shape else 1
+    if p.q8_0:
+        return n // Q8_0_BLOCK * Q8_0_BYTES
+    return n * np.dtype(_ST_TO_NP[p.dtype]).itemsize
+
+
+def _add_kv(writer: Any, key: str, value: Any, vtype: str) -> None:
+    import gguf
+
+    V = gguf.GGUFValueType
+    if vtype.startswith("ARRAY:"):
+        writer.add_key_value(key, list(value), V.ARRAY, sub_type=V[vtype.split(":", 1)[1]])
+    else:
+        writer.add_key_value(key, value, V[vtype])
+
+
+def checkpoint_to_gguf(
+    checkpoint_dir: str | Path,
+    out_path: str | Path,
+    *,
+    arch: str = "deepseek4",
+    dense_q8_0: bool = False,
+    name: str | None = None,
+    progress: bool = False,
+) -> Path:
+    """Write ``checkpoint_dir`` (config.json, tokenizer files, *.safetensors) as one GGUF file.
+
+    The file is written next to ``out_path`` under a temporary name and renamed when complete.
+    Raises GGUFError when a tensor or config key has no GGUF spelling in the name table, or when
+    the written hparams would not give the same config.json back.
+    """
+    import gguf
+    from tqdm import tqdm
+
+    folder = Path(checkpoint_dir)
+    out = Path(out_path)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    plans = _plan_tensors(folder, dense_q8_0)
+    kv: dict[str, tuple[Any, str]] = {"general.name": (name or folder.name, "STRING")}
+    kv.update(_hp.metadata_from_config(config, arch))
+    kv.update(tokenizer_metadata(folder))
+    if dense_q8_0:
+        kv["general.file_type"] = (int(gguf.LlamaFileType.MOSTLY_Q8_0), "UINT32")
+    kv["general.quantization_version"] = (gguf.GGML_QUANT_VERSION, "UINT32")
+
+    tmp = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(tmp, arch)  # writes general.architecture itself
+    for key, (value, vtype) in kv.items():
+        _add_kv(writer, key, value, vtype)
+    for p in plans:
+        writer.add_tensor_info(p.gguf, p.shape, np.dtype(np.float32), _nbytes(p), raw_dtype=_ggml_type(p))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for p in tqdm(plans, desc="gguf export", unit="tensor", disable=not progress):
+        arr = _load(p)
+        if p.q8_0:
+            arr = _quantize_q8_0(p, arr)
+        writer.write_tensor_data(np.ascontiguousarray(arr))
+    writer.close()
+    _check_config_round_trip(tmp, config)
+    tmp.replace(out)
+    return out
+
+
+def _check_config_round_trip(path: Path, config: dict[str, Any]) -> None:
+    """Read the written file back and require the same config.json (a key lost is a bug here)."""
+    from .reader import open_gguf
+
+    with open_gguf(path) as m:
+        back = _hp.config_from_metadata(m.metadata, list(m.tensors))
+    diff = sorted(k for k in set(config) | set(back) if config.get(k) != back.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: {config.get(k)!r} -> {back.get(k)!r}" for k in diff)
+        raise GGUFError(f"{path}: the GGUF hparams do not give config.json back ({detail})")
+
+
+def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: str | Path | None = None) -> Path:
+    """The demo model (built or cached by winport.demo.build) as a GGUF at ``out_path``."""
+    from winport.demo.build import ensure_demo
+
+    src = ensure_demo("v4", Path(folder) if folder else None)
+    return checkpoint_to_gguf(src, out_path, name="winport-demo-v4" + ("-Q8_0" if dense_q8_0 else "-BF16"),
+                              dense_q8_0=dense_q8_0)
+
+
+def iter_gguf_names(names: list[str]) -> Iterator[tuple[str, str]]:
+    """(checkpoint name, GGUF name) pairs, for listings and tests."""
+    for n in names:
+        yield n, gguf_name(n)[0]
