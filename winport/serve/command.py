@@ -97,9 +97,23 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         model_path = Path(args.model).expanduser()
         if not model_path.exists():
             raise ServeError(f"--model {model_path}: no such file or folder")
-        if model_path.suffix == ".gguf" or (model_path.is_dir() and any(model_path.glob("*.gguf"))):
-            raise ServeError(f"--model {model_path}: serving GGUF files is not wired into the server yet "
-                             "(`winport gguf info` reads them); use a safetensors checkpoint folder")
+        from winport.gguf.to_checkpoint import is_gguf_path
+
+        if is_gguf_path(model_path):
+            # Converted once into a cached checkpoint folder SGLang loads (winport.gguf.to_checkpoint).
+            from winport.gguf import GGUFError
+            from winport.gguf.to_checkpoint import gguf_to_checkpoint
+
+            for flag, side in (("--draft-model", args.draft_model), ("--mmproj", args.mmproj)):
+                if side is not None:
+                    if not Path(side).expanduser().exists():
+                        raise ServeError(f"{flag} {side}: no such file")
+                    raise ServeError(f"{flag} {side}: serving a DSpark draft or vision projector is not wired "
+                                     "into the server yet; leave the flag out")
+            try:
+                model_path = gguf_to_checkpoint(model_path)
+            except GGUFError as exc:
+                raise ServeError(f"--model {model_path}: {exc}") from None
     if not 0 < args.port < 65536:
         raise ServeError(f"--port {args.port} is not a TCP port")
     device = resolve_device(args.device)

@@ -1,0 +1,233 @@
+"""A DeepSeek-V4 GGUF (file, any shard, or folder) -> a checkpoint folder SGLang loads.
+
+`winport serve --model X.gguf` goes through here: SGLang 0.5.23's DeepSeek-V4 loader reads a
+folder (config.json, tokenizer files, safetensors in DeepSeek's original tensor names), so the GGUF
+is converted once into such a folder under ``winport.paths.cache_dir()/"gguf"/<key>``, the key
+being a hash of every shard's resolved path, size and mtime plus the conversion options and
+:data:`FORMAT_VERSION`. The folder is written as ``<key>.partial`` and renamed after its stamp
+file is written, so an interrupted conversion is never taken for a finished one.
+
+- config.json: from the GGUF hparams through the name table (winport.gguf.hparams, the inverse of
+  what winport.gguf.export writes), plus generation_config.json with the special token ids.
+- Tokenizer: rebuilt from ``tokenizer.ggml.*`` metadata (LoadedGGUF.tokenizer_dir) and copied in.
+- Weights: streamed from LoadedGGUF.weights() into safetensors shards written by a small writer
+  of our own that writes each tensor's bytes straight from the tensor (safetensors' save_file
+  first serializes a whole shard into one bytes object, a second copy). At most one shard of
+  converted tensors (``shard_bytes``, or one tensor larger than that) is in memory.
+
+Dense weights: with ``dense_fp8=False`` (what the CPU server uses; SGLang's CPU path has no FP8
+linear without AMX) Q8_0 and other quantized dense weights are dequantized to bfloat16, and
+BF16/F32 tensors are copied bit for bit. ``dense_fp8=True`` is the GPU path: dense weights become
+block FP8 (winport.gguf.convert.to_fp8_blocks) and config.json gets the matching
+quantization_config. Routed MXFP4 experts are written in DeepSeek's FP4 layout either way;
+serving those (kt-kernel / the GPU MXFP4 MoE) is not wired here yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from .reader import GGUFError
+
+FORMAT_VERSION = 1  # bump when the converter writes something different
+STAMP = "winport-gguf.json"
+SHARD_BYTES = 2 << 30
+
+_ST_DTYPES = {
+    "bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32",
+    "int64": "I64", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0",
+}
+
+
+def is_gguf_path(path: Path) -> bool:
+    """Whether ``--model`` names a GGUF: a ``.gguf`` file or a folder holding some."""
+    return path.suffix.lower() == ".gguf" or (path.is_dir() and any(path.glob("*.gguf")))
+
+
+def _say(msg: str) -> None:
+    print(f"winport gguf: {msg}", flush=True)
+
+
+def _st_dtype(t: Any) -> str:
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in _ST_DTYPES:
+        raise GGUFError(f"no safetensors dtype for torch {name}")
+    return _ST_DTYPES[name]
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, Any]], metadata: dict[str, str] | None = None) -> int:
+    """Write (name, torch tensor) pairs as one safetensors file, each tensor straight from memory.
+
+    Format: u64 header length, JSON header (name -> dtype, shape, data_offsets; padded with spaces
+    to 8 bytes), then the tensors' bytes back to back. Returns the data bytes written.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    off = 0
+    for name, t in tensors:
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _st_dtype(t), "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(hb)))
+        fh.write(hb)
+        for _, t in tensors:
+            _write_bytes(fh, t)
+    return off
+
+
+def _write_bytes(fh: BinaryIO, t: Any) -> None:
+    import torch
+
+    flat = t.contiguous().reshape(-1)
+    if flat.numel():
+        fh.write(memoryview(flat.view(torch.uint8).numpy()))
+
+
+class _ShardWriter:
+    """Collects converted tensors and writes a shard whenever ``limit`` bytes are held."""
+
+    def __init__(self, folder: Path, limit: int) -> None:
+        self.folder = folder
+        self.limit = limit
+        self.held: list[tuple[str, Any]] = []
+        self.held_bytes = 0
+        self.files: list[tuple[Path, list[str]]] = []
+        self.total = 0
+
+    def add(self, name: str, t: Any) -> None:
+        n = t.numel() * t.element_size()
+        if self.held and self.held_bytes + n > self.limit:
+            self.flush()
+        self.held.append((name, t))
+        self.held_bytes += n
+
+    def flush(self) -> None:
+        if not self.held:
+            return
+        path = self.folder / f"shard-{len(self.files):05d}.safetensors.tmp"
+        self.total += write_safetensors(path, self.held)
+        self.files.append((path, [n for n, _ in self.held]))
+        self.held, self.held_bytes = [], 0
+
+    def finish(self) -> list[str]:
+        """Name the shards as Hugging Face does (plus an index when there are several)."""
+        self.flush()
+        if len(self.files) == 1:
+            self.files[0][0].rename(self.folder / "model.safetensors")
+            return ["model.safetensors"]
+        count = len(self.files)
+        weight_map: dict[str, str] = {}
+        out = []
+        for i, (path, names) in enumerate(self.files, 1):
+            final = f"model-{i:05d}-of-{count:05d}.safetensors"
+            path.rename(self.folder / final)
+            weight_map.update(dict.fromkeys(names, final))
+            out.append(final)
+        index = {"metadata": {"total_size": self.total}, "weight_map": weight_map}
+        (self.folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+        return out + ["model.safetensors.index.json"]
+
+
+def cache_key(paths: Iterable[Path], **options: Any) -> str:
+    """Hash of every shard's resolved path, size and mtime, the options and FORMAT_VERSION."""
+    h = hashlib.sha256(f"winport-gguf-v{FORMAT_VERSION}".encode())
+    for p in paths:
+        st = Path(p).stat()
+        h.update(f"{Path(p).resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode("utf-8", "surrogateescape"))
+    h.update(json.dumps(options, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:20]
+
+
+def _is_complete(folder: Path) -> bool:
+    try:
+        info = json.loads((folder / STAMP).read_text())
+        return info.get("format") == FORMAT_VERSION and all((folder / f).exists() for f in info["files"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def gguf_to_checkpoint(
+    path: str | Path,
+    *,
+    cache: str | Path | None = None,
+    dense_fp8: bool = False,
+    shard_bytes: int = SHARD_BYTES,
+    progress: bool = True,
+) -> Path:
+    """Convert (once) a GGUF model into a checkpoint folder and return the folder.
+
+    ``path``: a GGUF file, any shard of a split GGUF, or a folder with one model GGUF. Sidecars
+    (DSpark draft, mmproj) are not converted. Raises GGUFError (naming the file, tensor or key).
+    """
+    from winport.paths import cache_dir
+
+    from .convert import load_gguf_model
+    from .hparams import config_from_metadata
+
+    loaded = load_gguf_model(path, draft=False, mmproj=False)
+    try:
+        root = Path(cache) if cache else cache_dir()
+        key = cache_key(loaded.model.paths, dense_fp8=dense_fp8)
+        folder = root / "gguf" / key
+        if _is_complete(folder):
+            _say(f"{loaded.model.paths[0].name}: using the converted copy in {folder}")
+            return folder
+        _say(f"converting {loaded.model.paths[0]} ({loaded.total_bytes() / 1e9:.2f} GB) into {folder}")
+        if loaded.unknown_tensors:
+            _say(f"{len(loaded.unknown_tensors)} tensor(s) the name table does not know are left out: "
+                 + ", ".join(loaded.unknown_tensors[:20]) + (" ..." if len(loaded.unknown_tensors) > 20 else ""))
+        tmp = folder.with_name(folder.name + ".partial")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        try:
+            _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root)
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp.rename(folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _say(f"converted into {folder}")
+        return folder
+    finally:
+        loaded.close()
+
+
+def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
+                  progress: bool, root: Path) -> None:
+    meta = loaded.metadata
+    config = config_from_metadata(meta, list(loaded.model.tensors))
+    if dense_fp8:
+        config["quantization_config"] = loaded.quant_config()
+    (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    (tmp / "generation_config.json").write_text(json.dumps({**gen, "do_sample": False}, indent=1) + "\n")
+    tok_dir = loaded.tokenizer_dir(root)
+    for f in sorted(tok_dir.iterdir()):
+        if f.is_file():
+            shutil.copyfile(f, tmp / f.name)
+    writer = _ShardWriter(tmp, shard_bytes)
+    seen: set[str] = set()
+    for name, t in loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True):
+        if name in seen:
+            raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
+        seen.add(name)
+        writer.add(name, t)
+    weight_files = writer.finish()
+    files = sorted(p.name for p in tmp.iterdir())
+    stamp = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
+             "dense_fp8": dense_fp8, "files": files, "weights": weight_files, "tensors": len(seen)}
+    tmp_stamp = tmp / (STAMP + ".tmp")
+    tmp_stamp.write_text(json.dumps(stamp, indent=1) + "\n")
+    os.replace(tmp_stamp, tmp / STAMP)
