@@ -112,21 +112,8 @@ POST_IMPORT_PATCHES: dict[str, Callable[[types.ModuleType], None]] = {
 }
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    def __init__(self, inner: importlib.abc.Loader, patch: Callable[[types.ModuleType], None]):
-        self.inner = inner
-        self.patch = patch
-
-    def create_module(self, spec):  # type: ignore[no-untyped-def]
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        self.inner.exec_module(module)  # type: ignore[attr-defined]
-        self.patch(module)
-
-
 class BlockFinder(importlib.abc.MetaPathFinder):
-    """Refuses blocked modules and patches a few others right after they load."""
+    """Refuses submodules of blocked packages (the packages themselves are None in sys.modules)."""
 
     def find_spec(
         self,
@@ -140,16 +127,6 @@ class BlockFinder(importlib.abc.MetaPathFinder):
                 f"No module named {fullname!r} (WINPORT_EMULATE_WINDOWS=1: it has no Windows build)",
                 name=fullname,
             )
-        patch = POST_IMPORT_PATCHES.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, patch)
-                return spec
         return None
 
 
@@ -198,7 +175,8 @@ def install() -> bool:
 
     # Windows has only the spawn start method; a child must rebuild everything itself.
     multiprocessing.set_start_method("spawn", force=True)
+    from winport import importhooks
+
     for name, patch in POST_IMPORT_PATCHES.items():
-        if name in sys.modules:
-            patch(sys.modules[name])
+        importhooks.on_import(name, patch)
     return True

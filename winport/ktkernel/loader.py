@@ -13,10 +13,10 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from winport import importhooks
 from winport.ktkernel.variant import VARIANT_NAMES, detect_variant
 
 TARGET = "kt_kernel._cpu_detect"
@@ -94,61 +94,26 @@ def patch_module(module: ModuleType) -> None:
     module.__winport_patched__ = True  # type: ignore[attr-defined]
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then patches the freshly executed module."""
-
-    def __init__(self, inner: importlib.abc.Loader) -> None:
-        self._inner = inner
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        patch_module(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    """Meta-path finder that only wraps the loader of kt_kernel._cpu_detect."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != TARGET:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-_finder = _Finder()
-
-
 def install(force: bool = False) -> bool:
     """Register the hook (idempotent). Active on Windows, under WINPORT_EMULATE_WINDOWS=1, or with
     `force`; returns whether it is installed. If kt_kernel._cpu_detect was already imported, it is
     patched in place (kt_kernel itself has then already chosen its variant)."""
     if not (force or sys.platform == "win32" or os.environ.get("WINPORT_EMULATE_WINDOWS") == "1"):
         return False
-    if _finder not in sys.meta_path:
-        sys.meta_path.insert(0, _finder)
-    loaded = sys.modules.get(TARGET)
-    if loaded is not None and not getattr(loaded, "__winport_patched__", False):
-        patch_module(loaded)
+    importhooks.on_import(TARGET, _patch_once)
     return True
+
+
+def _patch_once(module: ModuleType) -> None:
+    if not getattr(module, "__winport_patched__", False):
+        patch_module(module)
 
 
 def uninstall() -> None:
     """Remove the hook (modules already patched stay patched)."""
-    if _finder in sys.meta_path:
-        sys.meta_path.remove(_finder)
+    importhooks.cancel(TARGET)
 
 
 def is_installed() -> bool:
     """Whether the hook is registered."""
-    return _finder in sys.meta_path
+    return importhooks.is_registered(TARGET)
