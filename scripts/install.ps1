@@ -26,6 +26,10 @@ python.exe to use. Default: the py launcher's 3.12, 3.13, 3.11 or 3.10, else pyt
 .PARAMETER Dev
 Also install the test tools (pytest, ruff, ...), like install.sh --dev.
 
+.PARAMETER KtSource
+A ktransformers checkout at tag v0.7.2 (or its kt-kernel folder): kt-kernel is built from it with
+clang-cl (build\ktkernel\make.py, see build\README.md). Without it the CPU experts use the torch path.
+
 .PARAMETER SkipGpuCheck
 Continue without an NVIDIA driver (the demo model runs on the CPU); the check becomes a warning.
 
@@ -48,6 +52,7 @@ those of `python -m winport install`.
 param(
     [string]$Python,
     [switch]$Dev,
+    [string]$KtSource,
     [switch]$SkipGpuCheck
 )
 
@@ -213,6 +218,7 @@ if ($problems.Count -gt 0) {
 
 $installArgs = @('-m', 'winport', 'install')
 if ($Dev) { $installArgs += '--dev' }
+if ($KtSource) { $installArgs += @('--kt-source', $KtSource) }
 
 Push-Location $repo
 try {

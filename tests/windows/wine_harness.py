@@ -284,6 +284,31 @@ def _write_pth() -> None:
         PTH_FILE.write_text(text)
 
 
+def _write_dist_info() -> None:
+    """Register the repository as the installed `winport` distribution, with its entry points.
+
+    SGLang finds winport's platform and hooks through importlib.metadata entry points, which an
+    editable pip install would record; the harness puts the repository on the path instead, so it
+    writes the same dist-info (from pyproject.toml) itself. Rewritten every run, like the ._pth.
+    """
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    dist = SITE_PACKAGES / f"winport-{project['version']}.dist-info"
+    for old in SITE_PACKAGES.glob("winport-*.dist-info"):
+        if old != dist:
+            shutil.rmtree(old)
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: winport\nVersion: {project['version']}\n")
+    lines = []
+    for group, entries in {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}.items():
+        lines.append(f"[{group}]")
+        lines += [f"{name} = {target}" for name, target in entries.items()]
+        lines.append("")
+    (dist / "entry_points.txt").write_text("\n".join(lines))
+    (dist / "INSTALLER").write_text("winport-wine-harness\n")
+
+
 def _boot_prefix(wine: str) -> None:
     if (PREFIX / "system.reg").exists():
         return
@@ -325,6 +350,7 @@ def provision(log: Callable[[str], None] = print) -> Provisioned:
         result.timings[name] = round(time.monotonic() - start, 1)
         log(f"wine-harness: {name} done in {result.timings[name]} s")
     _write_pth()
+    _write_dist_info()
     return result
 
 

@@ -45,7 +45,9 @@ class InstallError(RuntimeError):
 class Installer:
     """Runs (or, with dry_run, prints) the install steps."""
 
-    def __init__(self, venv: Path, *, dev: bool, dry_run: bool, is_windows: bool, cache: Path):
+    def __init__(self, venv: Path, *, dev: bool, dry_run: bool, is_windows: bool, cache: Path,
+                 kt_source: Path | None = None):
+        self.kt_source = kt_source
         self.venv = venv
         self.dev = dev
         self.dry_run = dry_run
@@ -146,8 +148,13 @@ class Installer:
         """Step 6."""
         self.step(f"kt-kernel {pins.KT_KERNEL}")
         if self.is_windows:
-            print("    Windows: build kt-kernel with `python build\\ktkernel\\make.py --source <kt-kernel "
-                  f"{pins.KT_KERNEL} tree>` (build/README.md); until then CPU experts use the torch path")
+            if self.kt_source is None:
+                print("    Windows: no kt-kernel source given (--kt-source DIR, a ktransformers checkout at "
+                      f"v{pins.KT_KERNEL}); skipped, CPU experts use the torch path. build/README.md explains")
+                return
+            make = [str(self.python), str(REPO_ROOT / "build" / "ktkernel" / "make.py"), "--source", str(self.kt_source)]
+            self.run(make + (["--dry-run"] if self.dry_run else []))
+            self.pip("install", "-q", *pins.KT_KERNEL_DEPS)
             return
         wheel = self.download(f"kt-kernel=={pins.KT_KERNEL}")
         if self.dry_run:
@@ -215,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--venv", type=Path, default=REPO_ROOT / ".venv", help="venv folder (default: .venv)")
     ap.add_argument("--dev", action="store_true", help="also install the test tools")
     ap.add_argument("--dry-run", action="store_true", help="print the steps and commands, change nothing")
+    ap.add_argument("--kt-source", type=Path, default=None,
+                    help="Windows: kt-kernel source tree to build with clang-cl (build/ktkernel/make.py)")
     ap.add_argument("--cache", type=Path, default=REPO_ROOT / ".cache" / "install",
                     help="where downloaded and repacked wheels are kept")
     args = ap.parse_args(argv)
@@ -233,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         print("winport install: free-threaded Python is not supported", file=sys.stderr)
         return 2
     inst = Installer(args.venv.resolve(), dev=args.dev, dry_run=args.dry_run, is_windows=is_windows,
-                     cache=args.cache.resolve())
+                     cache=args.cache.resolve(), kt_source=args.kt_source)
     try:
         inst.all()
     except InstallError as exc:
