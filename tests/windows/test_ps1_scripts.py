@@ -153,7 +153,8 @@ def test_install_ps1_is_a_should_process_wrapper_over_the_python_installer() -> 
     # -WhatIf maps onto the installer's --dry-run; both paths call the same Python installer.
     assert "$WhatIfPreference" in text and "'--dry-run'" in text
     assert "@('-m', 'winport', 'install')" in text
-    assert {p.name for p in pwsh.script_parameters(source)} == {"Python", "Dev", "SkipGpuCheck"}
+    assert {p.name for p in pwsh.script_parameters(source)} == {"Python", "Dev", "KtSource", "SkipGpuCheck"}
+    assert "@('--kt-source', $KtSource)" in text
 
 
 def _run_probe(python: str) -> dict[str, object]:
