@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,8 +301,3 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     return checkpoint_to_gguf(src, out_path, name="winport-demo-v4" + ("-Q8_0" if dense_q8_0 else "-BF16"),
                               dense_q8_0=dense_q8_0)
 
-
-def iter_gguf_names(names: list[str]) -> Iterator[tuple[str, str]]:
-    """(checkpoint name, GGUF name) pairs, for listings and tests."""
-    for n in names:
-        yield n, gguf_name(n)[0]
