@@ -40,6 +40,9 @@ Vision projector GGUF; by default one found next to the model is used (--mmproj)
 .PARAMETER CpuThreads
 Threads for the CPU experts; default: the physical cores (--cpu-threads).
 
+.PARAMETER ServedModelName
+The model name clients send and see; default: the model folder's name (--served-model-name).
+
 .PARAMETER MaxRunningRequests
 How many requests run at once; more wait in a queue (--max-running-requests).
 
@@ -97,6 +100,8 @@ param(
 
     [int]$MaxRunningRequests,
 
+    [string]$ServedModelName,
+
     [string]$ApiKey,
 
     [ValidateSet('auto', 'cpu', 'cuda')]
@@ -125,6 +130,7 @@ $FlagOf = [ordered]@{
     Mmproj        = '--mmproj'
     CpuThreads    = '--cpu-threads'
     MaxRunningRequests = '--max-running-requests'
+    ServedModelName = '--served-model-name'
     ApiKey        = '--api-key'
     Device        = '--device'
     Tp            = '--tp'

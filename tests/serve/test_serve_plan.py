@@ -27,6 +27,7 @@ def test_demo_plan_defaults_to_loopback_cpu_and_sglang_switches(cpu_only: None, 
     assert plan.env["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
     assert plan.env["WINPORT_PLATFORM"] == "on"
     assert "--api-key" not in argv
+    assert argv[argv.index("--served-model-name") + 1] == "winport-demo-v4"  # never a path with a drive colon
 
 
 def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) -> None:
@@ -48,6 +49,7 @@ def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) ->
         (["--demo", "--port", "70000"], "is not a TCP port"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--demo", "--max-running-requests", "0"], "at least 1"),
+        (["--demo", "--served-model-name", "a:b"], "cannot contain ':'"),
     ],
 )
 def test_impossible_settings_fail_with_a_reason(cpu_only: None, tmp_path, monkeypatch, argv, message) -> None:
@@ -56,10 +58,11 @@ def test_impossible_settings_fail_with_a_reason(cpu_only: None, tmp_path, monkey
         command.build_plan(argv)
 
 
-def test_gguf_model_is_refused_until_wired(cpu_only: None, tmp_path) -> None:
+def test_broken_gguf_model_is_named_in_the_error(cpu_only: None, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")
-    with pytest.raises(command.ServeError, match="GGUF files is not wired"):
+    gguf.write_bytes(b"GGUF")  # truncated right after the magic
+    with pytest.raises(command.ServeError, match="model.gguf"):
         command.build_plan(["--model", str(gguf)])
 
 

@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="serve the tiny generated DeepSeek-V4 demo model (CPU when there is no GPU)")
     src.add_argument("--model", type=Path, help="model: a GGUF file or shard, a folder of GGUF files, or a checkpoint folder")
     ap.add_argument("--demo-variant", choices=["v4", "v41"], default="v4", help="which demo model (default v4)")
+    ap.add_argument("--served-model-name", default=None,
+                    help="the model name clients send and see (default: the model folder's name; never a "
+                         "path, whose drive colon SGLang rejects on Windows)")
     ap.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST})")
     ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     ap.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer <key>'")

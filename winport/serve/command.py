@@ -118,8 +118,14 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         raise ServeError(f"--port {args.port} is not a TCP port")
     device = resolve_device(args.device)
     env: dict[str, str] = {"WINPORT_PLATFORM": "on", **sglang_switches(device)}
+    # SGLang names the model after its path unless told otherwise and refuses a name with ':'
+    # (its LoRA "model:adapter" syntax), i.e. every absolute Windows path.
+    served_name = args.served_model_name or (f"winport-demo-{args.demo_variant}" if args.demo else model_path.stem)
+    if ":" in served_name:
+        raise ServeError(f"--served-model-name {served_name!r}: a model name cannot contain ':'")
     sg = [
         "--model-path", str(model_path),
+        "--served-model-name", served_name,
         "--host", args.host,
         "--port", str(args.port),
         "--device", device,
