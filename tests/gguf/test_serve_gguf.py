@@ -172,6 +172,7 @@ def test_build_plan_converts_a_gguf(bf16_gguf: Path, tmp_path: Path, monkeypatch
     plan = build_plan(["--model", str(bf16_gguf), "--device", "cpu"])
     assert (plan.model_path / "config.json").exists()
     assert plan.argv[plan.argv.index("--model-path") + 1] == str(plan.model_path)
+    assert plan.argv[plan.argv.index("--served-model-name") + 1] == "demo-BF16"
     with pytest.raises(ServeError, match="no such file"):
         build_plan(["--model", str(bf16_gguf), "--device", "cpu", "--draft-model", str(tmp_path / "nope.gguf")])
 

@@ -10,6 +10,7 @@ groups or SIGKILL, so the tree is walked with psutil, which works the same on bo
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -110,6 +111,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
                         raise ServeError(f"{flag} {side}: no such file")
                     raise ServeError(f"{flag} {side}: serving a DSpark draft or vision projector is not wired "
                                      "into the server yet; leave the flag out")
+            if not args.served_model_name:
+                # Name it after the GGUF (shard suffix dropped), not after the cache folder's hash.
+                stem = model_path.name if model_path.is_dir() else model_path.stem
+                args.served_model_name = re.sub(r"-\d{5}-of-\d{5}$", "", stem)
             try:
                 model_path = gguf_to_checkpoint(model_path)
             except GGUFError as exc:
