@@ -23,6 +23,8 @@ import urllib.request
 
 import torch
 
+from winport.demo.reference import add_fp8_kv
+
 PROMPTS = (
     "hello world windows linux deepseek flash attention sparse memory",
     "the quick brown fox jumps over the lazy dog",
@@ -62,31 +64,6 @@ def hf_run(model: torch.nn.Module, ids: list[int], n_new: int) -> tuple[list[flo
             steps.append(last)
             seq.append(int(last.argmax()))
     return prompt_lps, seq[len(ids):], torch.stack(steps)
-
-
-def fp8_kv_round_trip(x: torch.Tensor) -> torch.Tensor:
-    """DeepSeek's KV quantization (reference `act_quant(kv[..., :-rd], 64, "ue8m0")`) as a round trip.
-
-    The 448 non-RoPE dims go through e4m3 in tiles of 64 with a power-of-two scale
-    2^ceil(log2(max(amax, 1e-4) / 448)); the 64 RoPE dims stay as they are. SGLang's V4 cache stores
-    exactly this, transformers' eager model skips it.
-    """
-    nope = x[..., :448].float()
-    tiles = nope.reshape(*nope.shape[:-1], 7, 64)
-    amax = tiles.abs().amax(-1, keepdim=True).clamp(min=1e-4)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
-    q = (tiles / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
-    return torch.cat([q.reshape(nope.shape).to(x.dtype), x[..., 448:]], dim=-1)
-
-
-def add_fp8_kv(model: torch.nn.Module) -> int:
-    """Hook the attention and compressor KV norms so their output takes the FP8 round trip."""
-    n = 0
-    for name, mod in model.named_modules():
-        if name.endswith(("self_attn.kv_norm", "self_attn.compressor.kv_norm")):
-            mod.register_forward_hook(lambda _m, _i, out: fp8_kv_round_trip(out))
-            n += 1
-    return n
 
 
 def main() -> None:
