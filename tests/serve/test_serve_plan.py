@@ -92,3 +92,14 @@ def test_vram_budget_becomes_a_fraction(budget: float, total_gib: float, fractio
 def test_impossible_vram_budget_names_the_numbers(budget: float, total_gib: float, message: str) -> None:
     with pytest.raises(VramError, match=message):
         plan_vram(budget, int(total_gib * GIB))
+
+
+def test_cpu_tensor_parallel_gets_a_thread_binding(cpu_only: None, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    assert command.cpu_thread_bind(2, 32) == "0-15|16-31"
+    assert command.cpu_thread_bind(4, 8) == "0-1|2-3|4-5|6-7"
+    with pytest.raises(command.ServeError, match="needs at least 4 CPUs"):
+        command.cpu_thread_bind(4, 2)
+    plan = command.build_plan(["--demo", "--tp", "2"])
+    assert plan.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1

@@ -157,9 +157,24 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         if args.max_running_requests < 1:
             raise ServeError("--max-running-requests must be at least 1")
         sg += ["--max-running-requests", str(args.max_running_requests)]
+    if device == "cpu" and args.tp > 1:
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = os.environ.get("SGLANG_CPU_OMP_THREADS_BIND") or cpu_thread_bind(args.tp)
     if args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)
+
+
+def cpu_thread_bind(ranks: int, cpus: int | None = None) -> str:
+    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` CPU ranks: the logical CPUs split into equal ranges.
+
+    SGLang's CPU engine binds one rank per NUMA node unless told which CPUs each rank gets;
+    a workstation (and this 2-core machine) has fewer nodes than ranks.
+    """
+    cpus = cpus or os.cpu_count() or 1
+    per = cpus // ranks
+    if per < 1:
+        raise ServeError(f"--tp {ranks} on the CPU needs at least {ranks} CPUs; this machine has {cpus}")
+    return "|".join(f"{r * per}-{r * per + per - 1}" for r in range(ranks))
 
 
 def _health(url: str, api_key: str | None) -> bool:
