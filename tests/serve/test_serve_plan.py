@@ -26,6 +26,7 @@ def test_demo_plan_defaults_to_loopback_cpu_and_sglang_switches(cpu_only: None, 
     assert plan.env["SGLANG_USE_CPU_ENGINE"] == "1"
     assert plan.env["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
     assert plan.env["WINPORT_PLATFORM"] == "on"
+    assert plan.env["PYTHONUTF8"] == "1"  # Windows' ANSI code page cannot read DeepSeek's tokenizer files
     assert "--api-key" not in argv
     assert argv[argv.index("--served-model-name") + 1] == "winport-demo-v4"  # never a path with a drive colon
 

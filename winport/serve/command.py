@@ -122,7 +122,9 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     if not 0 < args.port < 65536:
         raise ServeError(f"--port {args.port} is not a TCP port")
     device = resolve_device(args.device)
-    env: dict[str, str] = {"WINPORT_PLATFORM": "on", **sglang_switches(device)}
+    # PYTHONUTF8: SGLang opens tokenizer_config.json and other JSON files without encoding=, which
+    # on Windows means the ANSI code page (cp1252) and fails on DeepSeek's non-ASCII special tokens.
+    env: dict[str, str] = {"WINPORT_PLATFORM": "on", "PYTHONUTF8": "1", **sglang_switches(device)}
     # SGLang names the model after its path unless told otherwise and refuses a name with ':'
     # (its LoRA "model:adapter" syntax), i.e. every absolute Windows path.
     served_name = args.served_model_name or (f"winport-demo-{args.demo_variant}" if args.demo else model_path.stem)
