@@ -226,7 +226,9 @@ def run(plan: LaunchPlan, api_key: str | None) -> int:
     print(f"winport serve: model {plan.model_path} on {plan.device}", flush=True)
     if plan.vram:
         print(f"winport serve: {plan.vram.describe()}", flush=True)
-    cmd = [sys.executable, "-m", "sglang.launch_server", *plan.argv]
+    # -X utf8 as well as PYTHONUTF8: the flag also holds where environment variables are ignored
+    # (isolated interpreters) and multiprocessing passes it on to the processes SGLang spawns.
+    cmd = [sys.executable, "-X", "utf8", "-m", "sglang.launch_server", *plan.argv]
     kwargs: dict[str, object] = {}
     if sys.platform == "win32":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
