@@ -10,7 +10,8 @@ LOG=${OUT:-/tmp}/gpu_all.log
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  python3 -m pytest -m gpu tests/ops -q -p no:cacheprovider -rs 2>&1 | tail -40
+  # test_dsv4_xpu compares against SGLang's own test references: SGLang is not installed on the GPU machine.
+  python3 -m pytest -m gpu tests/ops -q -p no:cacheprovider -rs --ignore tests/ops/test_dsv4_xpu.py 2>&1 | tail -40
   if [ "${1:-}" = "--bench" ]; then
     python3 scripts/bench/ops.py
     python3 scripts/bench/attention.py
