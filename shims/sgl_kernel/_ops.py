@@ -315,24 +315,34 @@ def fp8_scaled_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scales_a: torch.Tens
 
 def int8_scaled_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scales_a: torch.Tensor, scales_b: torch.Tensor,
                    out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Replaces sgl_kernel.int8_scaled_mm (exact int products accumulated in fp32)."""
-    return _scaled_mm_ref(mat_a, mat_b, scales_a, scales_b, out_dtype, bias)
+    """Replaces sgl_kernel.int8_scaled_mm: the integer product is exact, then scaled (as the int32
+    accumulator of the CUDA kernel). fp32 holds every sum of K int8*int8 products exactly while
+    K * 127^2 < 2^24; longer K accumulates in fp64."""
+    k = mat_a.shape[-1]
+    acc_dtype = torch.float32 if k * 127 * 127 < (1 << 24) else torch.float64
+    acc = mat_a.to(acc_dtype) @ mat_b.to(acc_dtype)
+    sa = scales_a.to(acc_dtype).reshape(-1, 1) if scales_a.numel() > 1 else scales_a.to(acc_dtype)
+    sb = scales_b.to(acc_dtype).reshape(1, -1) if scales_b.numel() > 1 else scales_b.to(acc_dtype)
+    y = acc * sa * sb
+    if bias is not None:
+        y = y + bias.to(acc_dtype)
+    return y.to(out_dtype)
 
 
 def fp8_blockwise_scaled_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, scales_a: torch.Tensor,
                             scales_b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """Replaces sgl_kernel.fp8_blockwise_scaled_mm: a [M, K] with scales [M, K/128] (1x128 groups),
-    b [K, N] with scales [K/128, N/128] (128x128 blocks)."""
-    mod = _fp8_gemm_module() if mat_a.is_cuda else None
-    if mod is not None and hasattr(mod, "fp8_blockwise_scaled_mm"):
-        return mod.fp8_blockwise_scaled_mm(mat_a, mat_b, scales_a, scales_b, out_dtype)
+    b [K, N] with scales [K/128, N/128] (128x128 blocks).
+
+    kernels_triton.fp8_gemm.fp8_block_gemm (Triton on CUDA, the torch reference elsewhere) takes B as
+    [N, K] with scales [N/128, K/128]: the same data transposed, so only views change hands.
+    """
+    from kernels_triton.fp8_gemm import fp8_block_gemm
+
     m, k = mat_a.shape
     n = mat_b.shape[1]
-    ga = k // scales_a.shape[1]
     bk, bn = k // scales_b.shape[0], n // scales_b.shape[1]
-    a = mat_a.float() * scales_a.float().repeat_interleave(ga, dim=1)
-    sb = scales_b.float().repeat_interleave(bk, dim=0).repeat_interleave(bn, dim=1)
-    return (a @ (mat_b.float() * sb)).to(out_dtype)
+    return fp8_block_gemm(mat_a, scales_a, mat_b.t().contiguous(), scales_b.t().contiguous(), (bn, bk), out_dtype)
 
 
 # ---------------------------------------------------------------- sampling
