@@ -16,45 +16,11 @@ from __future__ import annotations
 import functools
 
 import torch
+from roofline import copy_bandwidth, cuda_time, graph_time
 
 from kernels_triton import dsv4_kv_layout as kvl
 from kernels_triton import indexer as ix
 from kernels_triton import sparse_mla as sm
-
-
-def cuda_time(fn, iters: int = 50, warmup: int = 5) -> float:  # noqa: ANN001
-    """Mean seconds per call (events around `iters` back-to-back calls)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / 1e3 / iters
-
-
-def graph_time(fn, iters: int = 50) -> float:  # noqa: ANN001
-    """Mean GPU seconds per call of `fn` replayed from a CUDA graph (no Python launch overhead)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return cuda_time(g.replay, iters=iters)
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    t = cuda_time(lambda: y.copy_(x), iters=20)
-    return 2 * x.numel() / t
 
 
 def make_cache(tokens: int, page_size: int) -> torch.Tensor:

@@ -9,25 +9,13 @@ Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import flashinfer.sampling as fs
 import sgl_kernel
 import torch
+from roofline import copy_bandwidth, cuda_time
 
 from kernels_triton import activation, flash_attn, merge_state, moe_routing, moe_sum, norm, rotary
-
-
-def _time(fn: Callable[[], object], iters: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e-3
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -36,10 +24,7 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main() -> None:
     dev = "cuda"
-    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(big)
-    t = _time(lambda: dst.copy_(big), 20)
-    copy_bw = 2 * big.numel() / t / 1e9
+    copy_bw = copy_bandwidth() / 1e9
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {copy_bw:.0f} GB/s")
     print("| op | shape | max err | time (us) | GB/s | % copy |\n|---|---|---|---|---|---|")
     rows = []
@@ -55,23 +40,23 @@ def main() -> None:
         w = torch.randn(5120, dtype=bf, device=dev)
         out = torch.empty_like(x)
         err = _err(sgl_kernel.rmsnorm(x, w, 1e-6, out=out), norm.rmsnorm_ref(x, w, 1e-6))
-        row("rmsnorm", f"{tokens}x5120", err, _time(lambda: sgl_kernel.rmsnorm(x, w, 1e-6, out=out)), 2 * x.nbytes)
+        row("rmsnorm", f"{tokens}x5120", err, cuda_time(lambda: sgl_kernel.rmsnorm(x, w, 1e-6, out=out)), 2 * x.nbytes)
         r = torch.randn_like(x)
-        row("fused_add_rmsnorm", f"{tokens}x5120", 0.0, _time(lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6)),
+        row("fused_add_rmsnorm", f"{tokens}x5120", 0.0, cuda_time(lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6)),
             4 * x.nbytes)
         g = torch.randn(tokens * 6, 2 * 2304, dtype=bf, device=dev)
         o = torch.empty(tokens * 6, 2304, dtype=bf, device=dev)
         err = _err(sgl_kernel.silu_and_mul(g, o), activation.act_and_mul_ref(g, "silu"))
-        row("silu_and_mul", f"{tokens * 6}x4608", err, _time(lambda: sgl_kernel.silu_and_mul_clamp(g, o, 10.0)),
+        row("silu_and_mul", f"{tokens * 6}x4608", err, cuda_time(lambda: sgl_kernel.silu_and_mul_clamp(g, o, 10.0)),
             g.nbytes + o.nbytes)
         y = torch.randn(tokens, 6, 5120, dtype=bf, device=dev)
         err = _err(sgl_kernel.moe_sum_reduce(y, out, 1.5) or out, moe_sum.moe_sum_ref(y, 1.5))
-        row("moe_sum_reduce", f"{tokens}x6x5120", err, _time(lambda: sgl_kernel.moe_sum_reduce(y, out, 1.5)),
+        row("moe_sum_reduce", f"{tokens}x6x5120", err, cuda_time(lambda: sgl_kernel.moe_sum_reduce(y, out, 1.5)),
             y.nbytes + out.nbytes)
         q = torch.empty(tokens, 5120, dtype=torch.float8_e4m3fn, device=dev)
         s = torch.empty(tokens, 40, device=dev)
         row("per_token_group_quant_fp8", f"{tokens}x5120/128", 0.0,
-            _time(lambda: sgl_kernel.sgl_per_token_group_quant_fp8(x, q, s, 128, 1e-10, -448.0, 448.0)),
+            cuda_time(lambda: sgl_kernel.sgl_per_token_group_quant_fp8(x, q, s, 128, 1e-10, -448.0, 448.0)),
             x.nbytes + q.nbytes + s.nbytes)
         pos = torch.randint(0, 65536, (tokens,), device=dev)
         cache = torch.randn(65536, 64, device=dev)
@@ -80,7 +65,7 @@ def main() -> None:
         ref = rotary.rope_ref(pos, qr, 512, cache, False)
         sgl_kernel.apply_rope_with_cos_sin_cache_inplace(pos, qr, kr, 512, cache, False)
         row("rope (64 of 512 dims)", f"{tokens}x65 heads", _err(qr, ref),
-            _time(lambda: sgl_kernel.apply_rope_with_cos_sin_cache_inplace(pos, qr, kr, 512, cache, False)),
+            cuda_time(lambda: sgl_kernel.apply_rope_with_cos_sin_cache_inplace(pos, qr, kr, 512, cache, False)),
             2 * tokens * 65 * 64 * 2)
         lg = torch.randn(tokens, 384, device=dev)
         bias = torch.randn(384, device=dev) * 0.1
@@ -89,25 +74,25 @@ def main() -> None:
         sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True)
         rw, _ = moe_routing.routing_ref(lg, bias, 6, "sqrtsoftplus", True, 1.5)
         row("biased_topk sqrtsoftplus", f"{tokens}x384 top6", _err(tw.sort(-1).values, rw.sort(-1).values),
-            _time(lambda: sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True)),
+            cuda_time(lambda: sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True)),
             lg.nbytes + tw.nbytes + ti.nbytes)
         va, vb = torch.randn(tokens, 64, 512, dtype=bf, device=dev), torch.randn(tokens, 64, 512, dtype=bf, device=dev)
         sa, sb = torch.randn(tokens, 64, device=dev), torch.randn(tokens, 64, device=dev)
         vo, so = torch.empty_like(va), torch.empty_like(sa)
         err = _err(sgl_kernel.merge_state_v2(va, sa, vb, sb, vo, so)[0], merge_state.merge_state_ref(va, sa, vb, sb)[0])
-        row("merge_state_v2", f"{tokens}x64x512", err, _time(lambda: sgl_kernel.merge_state_v2(va, sa, vb, sb, vo, so)),
+        row("merge_state_v2", f"{tokens}x64x512", err, cuda_time(lambda: sgl_kernel.merge_state_v2(va, sa, vb, sb, vo, so)),
             3 * va.nbytes)
     for b in (1, 64):
         lg = torch.randn(b, 129280, device=dev)
         temp = torch.rand(b, device=dev) + 0.5
         err = _err(fs.softmax(lg, temp), torch.softmax(lg / temp[:, None], -1))
-        row("softmax(temperature)", f"{b}x129280", err, _time(lambda: fs.softmax(lg, temp)), 2 * lg.nbytes)
+        row("softmax(temperature)", f"{b}x129280", err, cuda_time(lambda: fs.softmax(lg, temp)), 2 * lg.nbytes)
         mask = torch.randint(-(2**31), 2**31 - 1, (b, 4040), dtype=torch.int32, device=dev)
         row("apply_token_bitmask", f"{b}x129280", 0.0,
-            _time(lambda: sgl_kernel.apply_token_bitmask_inplace_cuda(lg, mask)), lg.nbytes + mask.nbytes)
+            cuda_time(lambda: sgl_kernel.apply_token_bitmask_inplace_cuda(lg, mask)), lg.nbytes + mask.nbytes)
         p = torch.softmax(lg, -1)
         row("top_k_top_p_sampling (torch)", f"{b}x129280", 0.0,
-            _time(lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"), 10), p.nbytes)
+            cuda_time(lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"), 10), p.nbytes)
     for n, hd in ((4096, 80), (16384, 128)):
         q = torch.randn(n, 16, hd, dtype=bf, device=dev)
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
@@ -116,7 +101,7 @@ def main() -> None:
         ref, _ = flash_attn.attention_ref(q[:2048], q[:2048], q[:2048], torch.tensor([0, 2048], device=dev),
                                           cu_seqlens_k=torch.tensor([0, 2048], device=dev))
         err = _err(sgl_kernel_fa(q[:2048], torch.tensor([0, 2048], dtype=torch.int32, device=dev), 2048), ref)
-        secs = _time(fn, 10)
+        secs = cuda_time(fn, 10)
         flops = 4 * n * n * 16 * hd
         print(f"| flash_attn_varlen (vision, non-causal) | {n}x16x{hd} | {err:.2e} | {secs * 1e6:.1f} | "
               f"{flops / secs / 1e12:.1f} TFLOP/s | - |")
