@@ -75,6 +75,10 @@ def sglang_switches(device: str) -> dict[str, str]:
         "SGLANG_OPT_USE_FUSED_HASH_TOPK": "0",
         # DeepGEMM's JIT is Linux-only; winport's deep_gemm shim serves the names SGLang calls.
         "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+        # With flashinfer "available" SGLang imports ~40 flashinfer submodules on CUDA (trtllm MoE,
+        # fp4 quantization, comm fusion) that have no Windows build and no winport shim; told it is
+        # absent, SGLang takes its torch/Triton/sgl_kernel routes, which winport's shims serve.
+        "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
     }
     if device == "cpu":
         env.update({
