@@ -11,14 +11,20 @@ from winport.demo.tokenizer import write_tokenizer
 from winport.demo.weights import demo_state_dict
 
 STAMP = "winport-demo.json"
-FORMAT_VERSION = 1  # bump when the generator changes what it writes
+FORMAT_VERSION = 2  # bump when the generator changes what it writes (2: FP8 dense + MXFP4 experts)
 
 
-def default_dir(variant: str = "v4") -> Path:
-    """Where `winport serve --demo` keeps the demo model."""
+def default_quantized(variant: str) -> bool:
+    """Whether a variant is written in DeepSeek's FP8 + MXFP4 format by default (V4 yes; V4.1 not yet)."""
+    return variant == "v4"
+
+
+def default_dir(variant: str = "v4", quantized: bool | None = None) -> Path:
+    """Where `winport serve --demo` keeps the demo model (the bf16 form in its own folder)."""
     from winport.paths import cache_dir
 
-    return cache_dir() / f"demo-{variant}"
+    plain = quantized is False and default_quantized(variant)
+    return cache_dir() / (f"demo-{variant}-bf16" if plain else f"demo-{variant}")
 
 
 def _digest(folder: Path, names: list[str]) -> str:
@@ -29,22 +35,32 @@ def _digest(folder: Path, names: list[str]) -> str:
     return h.hexdigest()
 
 
-def is_current(folder: Path, variant: str = "v4") -> bool:
-    """Whether folder holds a complete demo model of this generator version."""
+def is_current(folder: Path, variant: str = "v4", quantized: bool | None = None) -> bool:
+    """Whether folder holds a complete demo model of this generator version (and storage form)."""
     stamp = folder / STAMP
     if not stamp.exists():
         return False
+    want = default_quantized(variant) if quantized is None else quantized
     try:
         info = json.loads(stamp.read_text())
         return info.get("format") == FORMAT_VERSION and info.get("variant") == variant and \
-            _digest(folder, info["files"]) == info["sha256"]
+            info.get("quantized") == want and _digest(folder, info["files"]) == info["sha256"]
     except (OSError, ValueError, KeyError):
         return False
 
 
-def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool = False) -> Path:
-    """Write the demo model into folder (atomically: a partial folder is never left as current)."""
+def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool = False,
+               quantized: bool | None = None) -> Path:
+    """Write the demo model into folder (atomically: a partial folder is never left as current).
+
+    quantized (default: default_quantized(variant)): DeepSeek's FP8 block dense + MXFP4 expert
+    checkpoint (winport.demo.quantize); False writes the same values as plain bf16.
+    """
     from safetensors.torch import save_file
+
+    from winport.demo import quantize
+
+    quantized = default_quantized(variant) if quantized is None else quantized
 
     say = (lambda *_: None) if quiet else (lambda msg: print(f"winport demo-model: {msg}", flush=True))
     folder = Path(folder)
@@ -55,14 +71,21 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     vocab = write_tokenizer(tmp, config["vocab_size"])
     if vocab != config["vocab_size"]:
         raise RuntimeError(f"tokenizer has {vocab} tokens, config says {config['vocab_size']}")
-    (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    # quantization_config only in the file: the generator below works on the plain architecture.
+    written = {**config, "quantization_config": quantize.quantization_config()} if quantized else config
+    (tmp / "config.json").write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=1) + "\n")
     say("generating weights")
     tensors = demo_state_dict(config, seed=seed)
+    # The bf16 form of a quantized variant holds the quantize-dequantize values: the same model.
+    if quantized:
+        tensors = quantize.quantize_state_dict(tensors)
+    elif default_quantized(variant):
+        tensors = quantize.quantized_values(tensors)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "winport": f"demo-{variant}"})
     files = sorted(p.name for p in tmp.iterdir() if p.name != STAMP)
-    stamp = {"format": FORMAT_VERSION, "variant": variant, "seed": seed, "files": files,
+    stamp = {"format": FORMAT_VERSION, "variant": variant, "seed": seed, "quantized": quantized, "files": files,
              "sha256": _digest(tmp, files)}
     (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
     if folder.exists():
@@ -74,9 +97,9 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     return folder
 
 
-def ensure_demo(variant: str = "v4", folder: Path | None = None) -> Path:
+def ensure_demo(variant: str = "v4", folder: Path | None = None, quantized: bool | None = None) -> Path:
     """Return the demo folder, building it first when missing or stale."""
-    folder = folder or default_dir(variant)
-    if not is_current(folder, variant):
-        build_demo(folder, variant)
+    folder = folder or default_dir(variant, quantized)
+    if not is_current(folder, variant, quantized):
+        build_demo(folder, variant, quantized=quantized)
     return folder
