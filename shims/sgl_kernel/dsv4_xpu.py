@@ -39,6 +39,8 @@ __all__ = [
     "flash_compress128_prefill",
     "fused_hc_head",
     "fused_k_norm_rope_flashmla",
+    "fused_store_cache_indexer",
+    "fused_store_cache_v4",
     "fused_q_indexer_rope_hadamard_quant",
     "fused_q_norm_rope",
     "hc_post",
@@ -874,3 +876,46 @@ def fused_hc_head(x: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor, 
     pre = torch.sigmoid(mixes * hc_scale.float().reshape(-1)[0] + hc_base.float()) + hc_eps
     return (pre.unsqueeze(-1) * xf.view(t, hc, h)).sum(1).to(x.dtype)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# DeepSeek-V4.1 (ratio 1/2 layers) on the V4 cache layout
+# ------------------------------------------------------------------------------------------------
+def fused_store_cache_v4(input: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor, page_size: int) -> None:
+    """Replaces JIT `FusedStoreCacheFlashMLAKernel<..., V4>::run` (deepseek_v4/store.cuh), which
+    `sglang.kernels.ops.attention.dsv4.attn.fused_store_cache(type="flashmla", layout=V4)` calls to
+    write V4.1's ratio-1/2 latents (already normalized, roped and fake-quantized) into the V4 cache.
+
+    input [N, 512] (bf16 or fp32), stored as is: the 448 nope dims FP8 e4m3 in 7 tiles of 64, each
+    with the UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)); the 64 rope dims cast to bf16. Every
+    row is written, like the kernel (callers send padding rows to a dummy slot).
+    """
+    page_size = int(page_size)
+    if input.dim() != 2 or input.shape[1] != V4_NOPE + ROPE_DIM:
+        raise ValueError(f"fused_store_cache_v4: input must be [N, 512], got {tuple(input.shape)}")
+    if indices.shape[0] != input.shape[0]:
+        raise ValueError(f"fused_store_cache_v4: {indices.shape[0]} indices for {input.shape[0]} rows")
+    if input.shape[0] == 0:
+        return
+    pages = _pages(cache, _v4_page_bytes(page_size))
+    loc = indices.to(torch.int64)
+    tiles = input[:, :V4_NOPE].float().reshape(-1, V4_NOPE // V4_TILE, V4_TILE)
+    e = _ue8m0(torch.clamp(tiles.abs().amax(-1), min=QUANT_EPS) / FP8_MAX)
+    q = _to_e4m3(tiles * _inv_ue8m0(e).unsqueeze(-1)).reshape(-1, V4_NOPE)
+    rope = input[:, V4_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    page, slot = loc // page_size, loc % page_size
+    _put(pages, page, slot * V4_DATA_BYTES, torch.cat([q, rope], dim=1))
+    _put(pages, page, page_size * V4_DATA_BYTES + slot * V4_SCALE_BYTES, e.to(torch.uint8))
+
+
+def fused_store_cache_indexer(input: torch.Tensor, cache: torch.Tensor, indices: torch.Tensor,
+                              page_size: int) -> None:
+    """Replaces JIT `FusedStoreCacheIndexerKernel::run` (deepseek_v4/store.cuh): rows [N, 128] to the
+    FP8 indexer cache (128 e4m3 + one fp32 scale max(amax, 1e-4) / 448 per row), no transform."""
+    page_size = int(page_size)
+    if input.dim() != 2 or input.shape[1] != 128:
+        raise ValueError(f"fused_store_cache_indexer: input must be [N, 128], got {tuple(input.shape)}")
+    if input.shape[0] == 0:
+        return
+    _store_indexer_fp8(_pages(cache, INDEXER_FP8_BYTES * page_size), indices.to(torch.int64), page_size,
+                       input.float())

@@ -77,7 +77,12 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=1) + "\n")
     say("generating weights")
-    tensors = demo_state_dict(config, seed=seed)
+    if variant == "v41":
+        from winport.demo.weights_v41 import demo_state_dict_v41
+
+        tensors = demo_state_dict_v41(config, seed=seed)
+    else:
+        tensors = demo_state_dict(config, seed=seed)
     # The bf16 form of a quantized variant holds the quantize-dequantize values: the same model.
     if quantized:
         tensors = quantize.quantize_state_dict(tensors)

@@ -14,10 +14,21 @@ from typing import Any
 VOCAB_SIZE = 1024
 
 
+VARIANTS = ("v4", "v41")
+
+
 def demo_config(variant: str = "v4") -> dict[str, Any]:
-    """The config dict of the demo model ('v4' now; 'v41' adds the V4.1-only parts later)."""
-    if variant != "v4":
-        raise ValueError(f"demo variant {variant!r} is not built yet (only 'v4')")
+    """The config dict of the demo model: 'v4' (DeepSeek-V4) or 'v41' (V4.1, see v41_config)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown demo variant {variant!r} (known: {', '.join(VARIANTS)})")
+    if variant == "v41":
+        from winport.demo.config_v41 import v41_config
+
+        return v41_config(_v4_config())
+    return _v4_config()
+
+
+def _v4_config() -> dict[str, Any]:
     return {
         "architectures": ["DeepseekV4ForCausalLM"],
         "model_type": "deepseek_v4",
