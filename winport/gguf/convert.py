@@ -32,7 +32,7 @@ import numpy as np
 
 from . import names as _names
 from .dequant import E4M3FN_VALUES, dequantize
-from .mxfp4_repack import gguf_mxfp4_to_kt
+from .mxfp4_repack import gguf_mxfp4_into
 from .reader import GGUFError, GGUFModel, GGUFTensor, open_gguf, shard_paths, to_torch
 
 FP8_E4M3_MAX = 448.0
@@ -55,12 +55,116 @@ def _rows_dequant(t: GGUFTensor, r0: int, r1: int) -> np.ndarray:
     return dequantize(raw, t.type.id, (r1 - r0, cols), name=t.name, path=t.path)
 
 
+def _release_rows(t: GGUFTensor, r0: int, r1: int) -> None:
+    """Drop the mapped pages of rows [r0, r1) once converted (they stay in the page cache)."""
+    row_bytes = t.type.row_bytes(t.ggml_dims[0]) if t.ggml_dims else t.nbytes
+    t._file._release(t.offset + r0 * row_bytes, (r1 - r0) * row_bytes)  # noqa: SLF001
+
+
 def _as_2d(t: GGUFTensor) -> tuple[int, int]:
     if not t.ggml_dims:
         return 1, 1
     cols = t.ggml_dims[0]
     rows = t.n_elements // cols if cols else 0
     return rows, cols
+
+
+def _q8_0_rows(t: GGUFTensor, r0: int, r1: int) -> tuple[Any, Any]:
+    """Zero-copy torch views of Q8_0 rows [r0, r1): (float16 d [R, nblk], int8 q [R, nblk, 32]).
+
+    Q8_0 blocks are 34 bytes (float16 d, then 32 int8), so every d is 2-byte aligned: the views
+    read straight from the memory map; nothing is copied until the caller converts.
+    """
+    torch = _torch()
+    cols = t.ggml_dims[0]
+    nblk = cols // 32
+    raw = to_torch(t.raw_rows()[r0:r1])  # uint8 [R, nblk * 34], read-only: never written
+    blocks = raw.view(r1 - r0, nblk, 34)
+    d = raw.view(torch.float16).view(r1 - r0, nblk, 17)[:, :, 0]
+    q = blocks.view(torch.int8)[:, :, 2:]
+    return d, q
+
+
+def _q8_0_values(d: Any, q: Any) -> Any:
+    """float32 [R, nblk, 32] = d * q, exactly as ggml (and dequant._dq_q8_0) computes it."""
+    x = q.float()
+    x.mul_(d.float().unsqueeze(-1))
+    return x
+
+
+def _ue8m0_scales(amax: np.ndarray) -> np.ndarray:
+    return np.exp2(np.ceil(np.log2(np.maximum(amax, np.float32(2.0**-126))))).astype(np.float32)
+
+
+def _block_scales(amax: np.ndarray, scale_fmt: str) -> np.ndarray:
+    """Per-block scale from the block's max |value| (float32 [rb, cb]); the formula every path uses.
+
+    amax / 448, rounded up to a power of two for "ue8m0"; blocks whose max is 0 (or NaN) get 1.
+    """
+    s = amax / np.float32(FP8_E4M3_MAX)
+    if scale_fmt == "ue8m0":
+        s = _ue8m0_scales(s)
+    return np.where(amax > 0, s, np.float32(1.0)).astype(np.float32)
+
+
+def _pad_blocks(x: Any, bn: int, bk: int) -> Any:
+    """[R, K] -> [R', K'] padded with zeros to whole [bn, bk] blocks (zeros never raise a max)."""
+    rows, k = x.shape
+    rp, kp = -(-rows // bn) * bn, -(-k // bk) * bk
+    if rp == rows and kp == k:
+        return x
+    xp = x.new_zeros((rp, kp))
+    xp[:rows, :k] = x
+    return xp
+
+
+def _fp8_chunk_general(x: Any, block: tuple[int, int], scale_fmt: str) -> tuple[Any, np.ndarray]:
+    """float32 rows [R, K] (R a multiple of bn except at the end) -> (float32 values / scale, clamped;
+    scales [ceil(R/bn), ceil(K/bk)]). Works for any input values, NaN and inf included."""
+    torch = _torch()
+    bn, bk = block
+    rows, k = x.shape
+    xp = _pad_blocks(x, bn, bk)
+    rp, kp = xp.shape
+    blocks = xp.view(rp // bn, bn, kp // bk, bk)
+    amax = torch.amax(blocks.abs(), dim=(1, 3)).numpy()  # amax propagates NaN, as numpy's max
+    s = _block_scales(amax, scale_fmt)
+    blocks.div_(torch.from_numpy(s)[:, None, :, None])
+    xp.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return (xp[:rows, :k] if xp is not x else xp), s
+
+
+def _fp8_chunk_q8_ue8m0(d: Any, q: Any, block: tuple[int, int]) -> tuple[Any, np.ndarray] | None:
+    """Q8_0 rows -> (float32 values / scale, scales) for power-of-two scales, or None to fall back.
+
+    Exact shortcut, valid when every d is finite: d * q is exact in float32 (11 x 8 significant
+    bits), so the block max is |d| x max|q| per Q8_0 block, and with s = 2^e both (d*q)/s and
+    q * (d/s) are exact: the same float32 value the general path computes, in two cheap passes
+    over the values instead of five. Non-finite d (NaN/inf scales in a damaged file) take the
+    general path, which reproduces NaN propagation exactly.
+    """
+    torch = _torch()
+    bn, bk = block
+    if bk % 32:
+        return None
+    df = d.float()
+    if not bool(torch.isfinite(df).all()):
+        return None
+    rows, nblk = df.shape
+    qmin, qmax = torch.aminmax(q, dim=-1)
+    amax_q8 = df.abs() * torch.maximum(qmax.float(), qmin.float().neg())  # exact, per Q8_0 block
+    per = bk // 32
+    amax = torch.amax(_pad_blocks(amax_q8, bn, per).view(-(-rows // bn), bn, -(-nblk // per), per), dim=(1, 3))
+    amax_np = amax.numpy()
+    s = _block_scales(amax_np, "ue8m0")
+    st = torch.from_numpy(s)
+    f = df / st.repeat_interleave(bn, 0)[:rows].repeat_interleave(per, 1)[:, :nblk]  # exact: s = 2^e
+    x = q.float()
+    x.mul_(f.unsqueeze(-1))
+    if not bool(np.all(s * np.float32(FP8_E4M3_MAX) >= amax_np)):
+        # log2 rounding put a scale below amax / 448: clip as the general path does.
+        x.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return x.view(rows, nblk * 32), s
 
 
 def fp8_block_for_arch(arch: str | None) -> tuple[int, int]:
@@ -79,6 +183,10 @@ def to_fp8_blocks(
     Q8_0 goes through its exact float32 values; the only added error is FP8's rounding (at most
     2^-4 relative for normal values, 2^-10 x scale below). ``scale_fmt``: "ue8m0" rounds each scale
     up to a power of two (as DeepSeek's checkpoints), "fp32" uses amax / 448 exactly.
+
+    Streaming: rows are converted in chunks of whole row blocks straight from the memory map
+    (torch ops, intra-op threads), each chunk's source pages dropped afterwards, so the only
+    full-size allocation is the output.
     """
     torch = _torch()
     if scale_fmt not in ("ue8m0", "fp32"):
@@ -89,30 +197,22 @@ def to_fp8_blocks(
     weight = torch.empty((n, k), dtype=torch.float8_e4m3fn)
     scale = torch.empty((sn, sk), dtype=torch.float32)
     rows_per_step = max(bn, (_CHUNK_BYTES // max(1, 4 * k)) // bn * bn)
-    kp = sk * bk
+    q8 = t.type.name == "Q8_0"
     for r0 in range(0, n, rows_per_step):
         r1 = min(n, r0 + rows_per_step)
-        x = _rows_dequant(t, r0, r1)
-        rows = r1 - r0
-        rp = -(-rows // bn) * bn
-        if rp != rows or kp != k:
-            # Ragged edge blocks: pad with zeros so they do not change the block maximum.
-            xp = np.zeros((rp, kp), dtype=np.float32)
-            xp[:rows, :k] = x
+        res = None
+        if q8:
+            d, q = _q8_0_rows(t, r0, r1)
+            if scale_fmt == "ue8m0":
+                res = _fp8_chunk_q8_ue8m0(d, q, block)
+            if res is None:
+                res = _fp8_chunk_general(_q8_0_values(d, q).view(r1 - r0, k), block, scale_fmt)
         else:
-            xp = x
-        blocks = xp.reshape(rp // bn, bn, sk, bk)
-        amax = np.abs(blocks).max(axis=(1, 3))
-        s = amax / np.float32(FP8_E4M3_MAX)
-        if scale_fmt == "ue8m0":
-            s = np.exp2(np.ceil(np.log2(np.maximum(s, np.float32(2.0**-126))))).astype(np.float32)
-        s = np.where(amax > 0, s, np.float32(1.0)).astype(np.float32)
-        q = blocks / s[:, None, :, None]
-        q = q.reshape(rp, kp)[:rows, :k]
-        qt = torch.from_numpy(np.clip(q, -FP8_E4M3_MAX, FP8_E4M3_MAX))
-        weight[r0:r1] = qt.to(torch.float8_e4m3fn)
+            res = _fp8_chunk_general(torch.from_numpy(_rows_dequant(t, r0, r1)), block, scale_fmt)
+        x, s = res
+        weight[r0:r1] = x
         scale[r0 // bn : r0 // bn + s.shape[0]] = torch.from_numpy(s)
-    t.release()
+        _release_rows(t, r0, r1)
     return weight.reshape(t.shape), scale
 
 
@@ -141,7 +241,12 @@ def to_float(t: GGUFTensor, *, copy: bool = True) -> Any:
         step = max(1, _CHUNK_BYTES // max(1, 4 * k))
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
-            out[r0:r1] = torch.from_numpy(_rows_dequant(t, r0, r1)).to(torch.bfloat16)
+            if name == "Q8_0":
+                out[r0:r1] = _q8_0_values(*_q8_0_rows(t, r0, r1)).view(r1 - r0, k)
+            else:
+                out[r0:r1] = torch.from_numpy(_rows_dequant(t, r0, r1))
+            if copy:
+                _release_rows(t, r0, r1)
         out = out.reshape(t.shape)
     if copy:
         t.release()
@@ -157,13 +262,20 @@ def e8m0_tensor(arr: np.ndarray) -> Any:
 
 
 def iter_mxfp4_experts(t: GGUFTensor) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-    """(expert, packed uint8 [N, K/2], E8M0 uint8 [N, K/32]) per expert of an MXFP4 [E, N, K]."""
+    """(expert, packed uint8 [N, K/2], E8M0 uint8 [N, K/32]) per expert of an MXFP4 [E, N, K].
+
+    Each expert is repacked straight from the memory map into its own output arrays (threaded,
+    winport.gguf.mxfp4_repack) and its source pages are dropped before the next one.
+    """
     if t.type.name != "MXFP4" or len(t.ggml_dims) != 3:
         raise GGUFError(f"{t.path}: tensor {t.name!r}: expected 3-D MXFP4 experts, got {t.type.name} {t.shape}")
     e_count, n, k = t.shape
     rows = t.raw_rows()
     for e in range(e_count):
-        packed, scales = gguf_mxfp4_to_kt(rows[e * n : (e + 1) * n], n, k)
+        packed = np.empty((n, k // 2), dtype=np.uint8)
+        scales = np.empty((n, k // 32), dtype=np.uint8)
+        gguf_mxfp4_into(rows[e * n : (e + 1) * n], packed, scales)
+        _release_rows(t, e * n, (e + 1) * n)
         yield e, packed, scales
     t.release()
 
