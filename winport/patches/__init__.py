@@ -15,6 +15,8 @@ PATCHES: tuple[str, ...] = (
     "dsv4_cpu_fused_store",
     "dsv41_cpu_swa_layout_flag",
     "chat_template_without_recipe",
+    "cpu_fp8_block_linear",
+    "cpu_mxfp4_moe",
 )
 
 

@@ -87,6 +87,10 @@ def sglang_switches(device: str) -> dict[str, str]:
             "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
             # The DSV4 metadata kernels are Triton; on CPU they run in Triton's interpreter.
             "TRITON_INTERPRET": "1",
+            # DeepSeek-V4's FP8 wo_a: dequantized to bf16 at load (SGLang's own path for block sizes
+            # its fp8 einsum does not take) instead of the W8A8 DeepGEMM-style einsum; the CPU runs
+            # every FP8 linear as W8A16 (winport.patches.cpu_fp8_block_linear).
+            "SGLANG_OPT_FP8_WO_A_GEMM": "0",
         })
     return env
 
