@@ -257,8 +257,10 @@ def test_draft_and_mmproj_found_next_to_model(tiny: tuple[Path, dict], rng: np.r
         assert lm.draft is not None and lm.mmproj is not None
         names = dict(lm.draft_weights(progress=False))
         assert set(names) == {"mtp.0.attn_norm.weight", "mtp.0.attn.wq_a.weight", "mtp.0.attn.wq_a.scale"}
-        mm = dict(lm.mmproj_weights())
-        assert mm["v.blk.0.attn_q.weight"].dtype == torch.bfloat16
+        # A projector without the DeepSeek-V4.1 vision tensors is named as unusable (the full
+        # sidecar conversions are tested in test_sidecars.py).
+        with pytest.raises(GGUFError, match=r"mmproj-BF16\.gguf: not a usable DeepSeek-V4\.1 vision projector"):
+            dict(lm.mmproj_weights())
 
 
 def test_cli_info_and_dump(tiny: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

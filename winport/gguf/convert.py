@@ -32,7 +32,7 @@ import numpy as np
 
 from . import names as _names
 from .dequant import E4M3FN_VALUES, dequantize
-from .mxfp4_repack import gguf_mxfp4_into
+from .mxfp4_repack import gguf_mxfp4_into, parallel_chunks
 from .reader import GGUFError, GGUFModel, GGUFTensor, open_gguf, shard_paths, to_torch
 
 FP8_E4M3_MAX = 448.0
@@ -40,6 +40,8 @@ FP8_BLOCK_V4 = (128, 128)
 FP8_BLOCK_V41 = (32, 32)
 # Rows converted per numpy/torch step: bounds temporaries to ~64 MB of float32.
 _CHUNK_BYTES = 64 << 20
+# Values per parallel work item of the FP8 / bf16 conversions (ATen's parallel grain is 32768).
+_TILE_VALUES = 32768
 
 
 def _torch() -> Any:
@@ -119,52 +121,58 @@ def _pad_blocks(x: Any, bn: int, bk: int) -> Any:
 
 
 def _fp8_chunk_general(x: Any, block: tuple[int, int], scale_fmt: str) -> tuple[Any, np.ndarray]:
-    """float32 rows [R, K] (R a multiple of bn except at the end) -> (float32 values / scale, clamped;
-    scales [ceil(R/bn), ceil(K/bk)]). Works for any input values, NaN and inf included."""
+    """float32 [R, K] (whole row blocks except at the tensor's end) -> (values / scale, clamped to
+    +-448, as float32; scales [ceil(R/bn), ceil(K/bk)]). Any input values, NaN and inf included."""
     torch = _torch()
     bn, bk = block
     rows, k = x.shape
     xp = _pad_blocks(x, bn, bk)
     rp, kp = xp.shape
     blocks = xp.view(rp // bn, bn, kp // bk, bk)
-    amax = torch.amax(blocks.abs(), dim=(1, 3)).numpy()  # amax propagates NaN, as numpy's max
+    # max |x| as max(max x, -min x): no |x| temporary; both reductions propagate NaN, as numpy's
+    # max of |x| does.
+    amax = torch.maximum(torch.amax(blocks, dim=(1, 3)), torch.amin(blocks, dim=(1, 3)).neg()).numpy()
     s = _block_scales(amax, scale_fmt)
     blocks.div_(torch.from_numpy(s)[:, None, :, None])
-    xp.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    # With power-of-two scales s * 448 >= max|x| makes every |x / s| <= 448 exactly, so the clamp
+    # would change nothing (NaN blocks fail the test and are clamped as before).
+    if scale_fmt != "ue8m0" or not bool(np.all(s * np.float32(FP8_E4M3_MAX) >= amax)):
+        xp.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
     return (xp[:rows, :k] if xp is not x else xp), s
 
 
-def _fp8_chunk_q8_ue8m0(d: Any, q: Any, block: tuple[int, int]) -> tuple[Any, np.ndarray] | None:
-    """Q8_0 rows -> (float32 values / scale, scales) for power-of-two scales, or None to fall back.
-
-    Exact shortcut, valid when every d is finite: d * q is exact in float32 (11 x 8 significant
-    bits), so the block max is |d| x max|q| per Q8_0 block, and with s = 2^e both (d*q)/s and
-    q * (d/s) are exact: the same float32 value the general path computes, in two cheap passes
-    over the values instead of five. Non-finite d (NaN/inf scales in a damaged file) take the
-    general path, which reproduces NaN propagation exactly.
-    """
+def _fp8_rows_parallel(src: Any, weight: Any, scale: Any, r0: int, r1: int, tile_cols: int,
+                       block: tuple[int, int], scale_fmt: str) -> None:
+    """Convert rows [r0, r1) tile by tile on the pool. ``src``: (d, q) Q8_0 views or float32 rows."""
     torch = _torch()
     bn, bk = block
-    if bk % 32:
-        return None
-    df = d.float()
-    if not bool(torch.isfinite(df).all()):
-        return None
-    rows, nblk = df.shape
-    qmin, qmax = torch.aminmax(q, dim=-1)
-    amax_q8 = df.abs() * torch.maximum(qmax.float(), qmin.float().neg())  # exact, per Q8_0 block
-    per = bk // 32
-    amax = torch.amax(_pad_blocks(amax_q8, bn, per).view(-(-rows // bn), bn, -(-nblk // per), per), dim=(1, 3))
-    amax_np = amax.numpy()
-    s = _block_scales(amax_np, "ue8m0")
-    st = torch.from_numpy(s)
-    f = df / st.repeat_interleave(bn, 0)[:rows].repeat_interleave(per, 1)[:, :nblk]  # exact: s = 2^e
-    x = q.float()
-    x.mul_(f.unsqueeze(-1))
-    if not bool(np.all(s * np.float32(FP8_E4M3_MAX) >= amax_np)):
-        # log2 rounding put a scale below amax / 448: clip as the general path does.
-        x.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-    return x.view(rows, nblk * 32), s
+    k = weight.shape[1]
+    tiles = [(a, c) for a in range(r0, r1, bn) for c in range(0, k, tile_cols)]
+
+    def work(i0: int, i1: int) -> None:
+        for a, c in tiles[i0:i1]:
+            b, c1 = min(r1, a + bn), min(k, c + tile_cols)
+            if isinstance(src, tuple):
+                d, q = src
+                x = _q8_0_values(d[a - r0 : b - r0, c // 32 : c1 // 32], q[a - r0 : b - r0, c // 32 : c1 // 32])
+                x = x.view(b - a, c1 - c)
+            else:
+                x = src[a - r0 : b - r0, c:c1].clone()
+            y, s = _fp8_chunk_general(x, block, scale_fmt)
+            weight[a:b, c:c1] = y
+            scale[a // bn, c // bk : c // bk + s.shape[1]] = torch.from_numpy(s[0])
+
+    parallel_chunks(len(tiles), 1, work)
+
+
+def _bf16_rows_parallel(d: Any, q: Any, out: Any, rows_per_item: int) -> None:
+    """Q8_0 rows (views) -> bfloat16 ``out`` rows, in parallel work items."""
+    k = out.shape[1]
+
+    def work(a: int, b: int) -> None:
+        out[a:b] = _q8_0_values(d[a:b], q[a:b]).view(b - a, k)
+
+    parallel_chunks(out.shape[0], rows_per_item, work)
 
 
 def fp8_block_for_arch(arch: str | None) -> tuple[int, int]:
@@ -197,21 +205,15 @@ def to_fp8_blocks(
     weight = torch.empty((n, k), dtype=torch.float8_e4m3fn)
     scale = torch.empty((sn, sk), dtype=torch.float32)
     rows_per_step = max(bn, (_CHUNK_BYTES // max(1, 4 * k)) // bn * bn)
-    q8 = t.type.name == "Q8_0"
+    # Work items: one row block high, whole column blocks wide, ~_TILE_VALUES values, so each
+    # torch op stays below ATen's parallel grain (single-threaded, cache-resident) and the tiles
+    # run in parallel on the conversion pool: robust when other processes hold some cores, where
+    # OpenMP's barriers in every op were measured 10x slower than one thread.
+    tile_cols = max(bk, (_TILE_VALUES // bn) // bk * bk)
     for r0 in range(0, n, rows_per_step):
         r1 = min(n, r0 + rows_per_step)
-        res = None
-        if q8:
-            d, q = _q8_0_rows(t, r0, r1)
-            if scale_fmt == "ue8m0":
-                res = _fp8_chunk_q8_ue8m0(d, q, block)
-            if res is None:
-                res = _fp8_chunk_general(_q8_0_values(d, q).view(r1 - r0, k), block, scale_fmt)
-        else:
-            res = _fp8_chunk_general(torch.from_numpy(_rows_dequant(t, r0, r1)), block, scale_fmt)
-        x, s = res
-        weight[r0:r1] = x
-        scale[r0 // bn : r0 // bn + s.shape[0]] = torch.from_numpy(s)
+        src = _q8_0_rows(t, r0, r1) if t.type.name == "Q8_0" else torch.from_numpy(_rows_dequant(t, r0, r1))
+        _fp8_rows_parallel(src, weight, scale, r0, r1, tile_cols, block, scale_fmt)
         _release_rows(t, r0, r1)
     return weight.reshape(t.shape), scale
 
@@ -239,10 +241,11 @@ def to_float(t: GGUFTensor, *, copy: bool = True) -> Any:
         n, k = _as_2d(t)
         out = torch.empty((n, k), dtype=torch.bfloat16)
         step = max(1, _CHUNK_BYTES // max(1, 4 * k))
+        sub = max(1, _TILE_VALUES // max(1, k))  # rows per parallel work item
         for r0 in range(0, n, step):
             r1 = min(n, r0 + step)
             if name == "Q8_0":
-                out[r0:r1] = _q8_0_values(*_q8_0_rows(t, r0, r1)).view(r1 - r0, k)
+                _bf16_rows_parallel(*_q8_0_rows(t, r0, r1), out[r0:r1], sub)
             else:
                 out[r0:r1] = torch.from_numpy(_rows_dequant(t, r0, r1))
             if copy:
@@ -345,6 +348,75 @@ class EngramTable:
 
 _SKIP_SUFFIX = re.compile(r"\.weight$")
 
+# config.json keys of a bundled DSpark draft that SGLang 0.5.23 reads (dspark_config.py,
+# deepseek_v4_dspark.py _dspark_stage_config), taken from the draft GGUF's metadata.
+_DSPARK_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_target_layer_ids", "dspark_noise_token_id",
+                "dspark_n_routed_experts", "dspark_num_experts_per_tok")
+MMPROJ_TABLE_PATH = Path(__file__).with_name("deepseek41_mmproj_names.toml")
+
+
+@dataclass
+class MmprojPlan:
+    """A vision projector GGUF mapped to SGLang's names: target -> GGUF tensor(s) (several = stacked)."""
+
+    tensors: dict[str, list[str]]
+    unknown: list[str]
+    config: dict[str, Any]
+
+
+def _mmproj_table() -> tuple[list[dict[str, Any]], dict[str, str]]:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    with open(MMPROJ_TABLE_PATH, "rb") as fh:
+        data = tomllib.load(fh)
+    return list(data.get("tensor", [])), dict(data.get("hparams", {}))
+
+
+def plan_mmproj(model: GGUFModel) -> MmprojPlan:
+    """Map a DeepSeek-V4.1 mmproj GGUF through deepseek41_mmproj_names.toml and check it.
+
+    Every missing required tensor and inconsistent shape is named in one GGUFError with the file.
+    """
+    rows, hp_table = _mmproj_table()
+    path = model.paths[0]
+    names = set(model.tensors)
+    cfg = {t: (v.tolist() if hasattr(v, "tolist") else v) for k, t in hp_table.items()
+           if (v := model.metadata.get(k)) is not None}
+    blocks = {int(m.group(1)) for n in names if (m := re.match(r"^(?:v\.blk|vision\.blocks)\.(\d+)\.", n))}
+    n_blocks = int(cfg.get("vision_n_layers", max(blocks) + 1 if blocks else 0))
+    cfg["vision_n_layers"] = n_blocks
+    problems: list[str] = []
+    if n_blocks < 1:
+        problems.append("no vision blocks (v.blk.N.*)")
+    tensors: dict[str, list[str]] = {}
+    used: set[str] = set()
+    for row in rows:
+        layers: list[int | None] = list(range(n_blocks)) if "{L}" in row["target"] else [None]
+        for layer in layers:
+            fill = (lambda x: x.replace("{L}", str(layer))) if layer is not None else (lambda x: x)  # noqa: B023
+            target = fill(row["target"])
+            found = next((fill(g) for g in row["gguf"] if fill(g) in names), None)
+            parts = [fill(g) for g in row.get("concat", [])]
+            if found is not None:
+                tensors[target] = [found]
+            elif parts and all(p in names for p in parts):
+                tensors[target] = parts
+            elif row.get("required"):
+                problems.append(f"required tensor {fill(row['gguf'][0])} missing")
+                continue
+            else:
+                continue
+            used.update(tensors[target])
+    dim = cfg.get("vision_dim")
+    qkv = tensors.get("vision.blocks.0.attn.wqkv.weight")
+    if dim and qkv and model[qkv[0]].shape[0] != 3 * dim:
+        problems.append(f"{qkv[0]} has {model[qkv[0]].shape[0]} rows, expected 3 x vision dim {dim}")
+    if problems:
+        raise GGUFError(f"{path}: not a usable DeepSeek-V4.1 vision projector: " + "; ".join(problems))
+    return MmprojPlan(tensors, sorted(names - used), cfg)
+
 
 @dataclass
 class LoadedGGUF:
@@ -417,17 +489,92 @@ class LoadedGGUF:
         yield from _stream(self.model, self.plan, self, progress, dense_fp8, expert_filter, copy, prefix=None)
 
     def draft_weights(self, *, progress: bool = True, dense_fp8: bool = True) -> Iterator[tuple[str, Any]]:
-        """Yield the DSpark draft's tensors as ``mtp.<stage>.*`` names (SGLang's DSpark loader)."""
+        """Yield the DSpark draft's stage tensors as ``mtp.<stage>.*`` names (SGLang's DSpark loader).
+
+        Only per-stage tensors: a draft's own embedding / head / final norm (non-stage names) would
+        collide with the model's in a bundled checkpoint; :meth:`draft_left_out` lists them.
+        """
         if self.draft is None or self.draft_plan is None:
             return
-        yield from _stream(self.draft, self.draft_plan, self, progress, dense_fp8, None, True, prefix="mtp.")
+        stage_only = _names.NamePlan(
+            {g: m for g, m in self.draft_plan.mapped.items() if m.target.startswith("layers.")},
+            [], [], self.draft_plan.n_layers,
+        )
+        yield from _stream(self.draft, stage_only, self, progress, dense_fp8, None, True, prefix="mtp.")
+
+    def draft_config(self) -> dict[str, Any]:
+        """Check the DSpark draft and return the config.json keys that bundle it (empty: no draft).
+
+        SGLang 0.5.23 loads a DeepSeek-V4 DSpark draft bundled in the target checkpoint: ``mtp.<stage>.*``
+        tensors next to the model's, and ``dspark_*`` keys in config.json
+        (speculative/dspark_components/dspark_config.py checkpoint_bundles_dspark_draft). Raises a
+        GGUFError naming the draft file and everything wrong with it at once.
+        """
+        if self.draft is None or self.draft_plan is None:
+            return {}
+        path = self.draft.paths[0]
+        plan = self.draft_plan
+        n = plan.n_layers
+        problems = [f"required tensor {m} missing" for m in plan.missing if m.startswith("blk.")]
+        if n < 1:
+            problems.append("no DSpark stage tensors (blk.<stage>.*)")
+        by_target = {m.target: g for g, m in plan.mapped.items()}
+        need = ["layers.0.main_proj.weight", "layers.0.main_norm.weight", f"layers.{max(n - 1, 0)}.norm.weight"]
+        problems += [f"DSpark tensor for {t} missing" for t in need if t not in by_target]
+        markov = [t for t in by_target if ".markov_head." in t]
+        if not any(t.endswith("markov_head.embed.weight") for t in markov) or not any(
+            t.endswith("markov_head.head.weight") for t in markov
+        ):
+            problems.append("the Markov head (markov_head.embed / markov_head.head) is missing: SGLang's "
+                            "DSpark V4 draft requires markov_rank > 0")
+        hp = _names.hparams_from_metadata(self.draft.metadata)
+        cfg: dict[str, Any] = {k: hp[k] for k in _DSPARK_KEYS if k in hp}
+        embed = next((g for t, g in by_target.items() if t.endswith("markov_head.embed.weight")), None)
+        if embed is not None:
+            rank = self.draft[embed].shape[-1]
+            if cfg.setdefault("dspark_markov_rank", rank) != rank:
+                problems.append(f"markov_rank {cfg['dspark_markov_rank']} in the metadata, {rank} in {embed}")
+        hidden = self.hparams.get("hidden_size")
+        proj = by_target.get("layers.0.main_proj.weight")
+        if proj is not None and hidden:
+            k = self.draft[proj].shape[-1]
+            if k % hidden:
+                problems.append(f"{proj} has {k} input features, not a multiple of the model's hidden size {hidden}")
+            elif "dspark_target_layer_ids" not in cfg:
+                problems.append(f"metadata key {self.draft.arch}.mtp.target_layers missing: which {k // hidden} "
+                                "target layers feed the draft cannot be inferred")
+            elif len(cfg["dspark_target_layer_ids"]) != k // hidden:
+                problems.append(f"{len(cfg['dspark_target_layer_ids'])} target layers in the metadata, "
+                                f"{k // hidden} by the shape of {proj}")
+        if problems:
+            raise GGUFError(f"{path}: not a usable DSpark draft: " + "; ".join(problems))
+        cfg["num_nextn_predict_layers"] = n
+        return cfg
+
+    def draft_left_out(self) -> list[str]:
+        """Draft tensors not bundled: unknown names and non-stage tensors (SGLang's DSpark draft
+        uses the target model's embedding and head)."""
+        if self.draft_plan is None:
+            return []
+        return list(self.draft_plan.unknown) + [
+            g for g, m in self.draft_plan.mapped.items() if not m.target.startswith("layers.")
+        ]
+
+    def mmproj_plan(self) -> MmprojPlan | None:
+        """Check the vision projector and map its tensors (None: no mmproj). GGUFError names the file."""
+        if self.mmproj is None:
+            return None
+        return plan_mmproj(self.mmproj)
 
     def mmproj_weights(self, *, copy: bool = True) -> Iterator[tuple[str, Any]]:
-        """Yield the vision projector's tensors under their GGUF names (mapping still to do)."""
-        if self.mmproj is None:
+        """Yield the vision projector's tensors under SGLang's V4.1 vision names (bfloat16 or as stored)."""
+        plan = self.mmproj_plan()
+        if plan is None:
             return
-        for t in self.mmproj:
-            yield t.name, to_float(t, copy=copy)
+        torch = _torch()
+        for target, sources in plan.tensors.items():
+            parts = [to_float(self.mmproj[g], copy=copy) for g in sources]
+            yield target, parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
     def kt_experts(self, layer: int) -> dict[str, Iterator[tuple[int, np.ndarray, np.ndarray]]]:
         """kt-kernel MXFP4 layout per role ("w1", "w3", "w2"): iterators of (expert, nibbles, E8M0)."""

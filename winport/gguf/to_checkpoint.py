@@ -15,6 +15,18 @@ file is written, so an interrupted conversion is never taken for a finished one.
   first serializes a whole shard into one bytes object, a second copy). At most one shard of
   converted tensors (``shard_bytes``, or one tensor larger than that) is in memory.
 
+Sidecars (``draft=`` / ``mmproj=``: a path, None to look next to the model, False to skip):
+- A DSpark draft GGUF is bundled the way SGLang 0.5.23 loads DeepSeek-V4 drafts: its stage
+  tensors go into the same shards as ``mtp.<stage>.*`` and config.json gets the ``dspark_*`` keys
+  (LoadedGGUF.draft_config), so ``--speculative-algorithm DSPARK`` finds it at the model path.
+- A vision projector (mmproj) GGUF is checked and converted into the ``mmproj/`` subfolder
+  (model.safetensors in SGLang's V4.1 vision names + vision_config.json). It is not put into the
+  model's own shards: SGLang builds the vision tower only for model_type deepseek_v41 configs and
+  would reject vision.* tensors in the deepseek_v4 checkpoint winport serves (see
+  winport.serve.command for what the server does with it).
+Both are checked before any tensor data is read; what was bundled is recorded in the stamp file
+(:func:`sidecars`). The cache key covers the sidecar files too.
+
 Dense weights: with ``dense_fp8=False`` (what the CPU server uses; SGLang's CPU path has no FP8
 linear without AMX) Q8_0 and other quantized dense weights are dequantized to bfloat16, and
 BF16/F32 tensors are copied bit for bit. ``dense_fp8=True`` is the GPU path: dense weights become
@@ -36,7 +48,7 @@ from typing import Any, BinaryIO
 
 from .reader import GGUFError
 
-FORMAT_VERSION = 1  # bump when the converter writes something different
+FORMAT_VERSION = 2  # bump when the converter writes something different
 STAMP = "winport-gguf.json"
 SHARD_BYTES = 2 << 30
 
@@ -156,6 +168,15 @@ def _is_complete(folder: Path) -> bool:
         return False
 
 
+def sidecars(folder: str | Path) -> dict[str, Any]:
+    """What a converted folder bundles: {"draft": {...}} and/or {"mmproj": {...}} from its stamp."""
+    try:
+        info = json.loads((Path(folder) / STAMP).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: info[k] for k in ("draft", "mmproj") if info.get(k)}
+
+
 def gguf_to_checkpoint(
     path: str | Path,
     *,
@@ -163,21 +184,31 @@ def gguf_to_checkpoint(
     dense_fp8: bool = False,
     shard_bytes: int = SHARD_BYTES,
     progress: bool = True,
+    draft: str | Path | bool | None = False,
+    mmproj: str | Path | bool | None = False,
 ) -> Path:
-    """Convert (once) a GGUF model into a checkpoint folder and return the folder.
+    """Convert (once) a GGUF model, plus its sidecars, into a checkpoint folder and return the folder.
 
-    ``path``: a GGUF file, any shard of a split GGUF, or a folder with one model GGUF. Sidecars
-    (DSpark draft, mmproj) are not converted. Raises GGUFError (naming the file, tensor or key).
+    ``path``: a GGUF file, any shard of a split GGUF, or a folder with one model GGUF.
+    ``draft`` / ``mmproj``: sidecar path, None to look next to the model, False to skip (default).
+    Raises GGUFError (naming the file, tensor or key), for a bad sidecar before any conversion.
     """
     from winport.paths import cache_dir
 
     from .convert import load_gguf_model
     from .hparams import config_from_metadata
 
-    loaded = load_gguf_model(path, draft=False, mmproj=False)
+    loaded = load_gguf_model(path, draft=draft, mmproj=mmproj)
     try:
+        # Sidecars are checked first: a bad one is reported at start, not after the model.
+        draft_cfg = loaded.draft_config()
+        mm_plan = loaded.mmproj_plan()
         root = Path(cache) if cache else cache_dir()
-        key = cache_key(loaded.model.paths, dense_fp8=dense_fp8)
+        paths = list(loaded.model.paths)
+        for side in (loaded.draft, loaded.mmproj):
+            if side is not None:
+                paths += side.paths
+        key = cache_key(paths, dense_fp8=dense_fp8, draft=loaded.draft is not None, mmproj=loaded.mmproj is not None)
         folder = root / "gguf" / key
         if _is_complete(folder):
             _say(f"{loaded.model.paths[0].name}: using the converted copy in {folder}")
@@ -186,12 +217,19 @@ def gguf_to_checkpoint(
         if loaded.unknown_tensors:
             _say(f"{len(loaded.unknown_tensors)} tensor(s) the name table does not know are left out: "
                  + ", ".join(loaded.unknown_tensors[:20]) + (" ..." if len(loaded.unknown_tensors) > 20 else ""))
+        if loaded.draft is not None:
+            _say(f"bundling the DSpark draft {loaded.draft.paths[0]} ({draft_cfg['num_nextn_predict_layers']} stage(s))")
+            left = loaded.draft_left_out()
+            if left:
+                _say(f"draft tensor(s) not bundled (SGLang's DSpark draft uses the model's embedding and head, "
+                     f"or the table does not know them): {', '.join(left[:20])}")
         tmp = folder.with_name(folder.name + ".partial")
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
         try:
-            _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root)
+            _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root,
+                          draft_cfg, mm_plan)
             if folder.exists():
                 shutil.rmtree(folder)
             tmp.rename(folder)
@@ -205,9 +243,10 @@ def gguf_to_checkpoint(
 
 
 def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
-                  progress: bool, root: Path) -> None:
+                  progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any) -> None:
     meta = loaded.metadata
     config = config_from_metadata(meta, list(loaded.model.tensors))
+    config.update(draft_cfg)
     if dense_fp8:
         config["quantization_config"] = loaded.quant_config()
     (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
@@ -219,15 +258,36 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
             shutil.copyfile(f, tmp / f.name)
     writer = _ShardWriter(tmp, shard_bytes)
     seen: set[str] = set()
-    for name, t in loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True):
-        if name in seen:
-            raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
-        seen.add(name)
-        writer.add(name, t)
+    n_draft = 0
+    streams = [loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True)]
+    if loaded.draft is not None:
+        streams.append(loaded.draft_weights(progress=progress, dense_fp8=dense_fp8))
+    for i, stream in enumerate(streams):
+        for name, t in stream:
+            if name in seen:
+                src = loaded.model.paths[0] if i == 0 else loaded.draft.paths[0]
+                raise GGUFError(f"{src}: tensor {name!r} produced twice")
+            seen.add(name)
+            n_draft += i
+            writer.add(name, t)
     weight_files = writer.finish()
-    files = sorted(p.name for p in tmp.iterdir())
-    stamp = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
-             "dense_fp8": dense_fp8, "files": files, "weights": weight_files, "tensors": len(seen)}
+    stamp: dict[str, Any] = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
+                             "dense_fp8": dense_fp8, "weights": weight_files, "tensors": len(seen)}
+    if loaded.draft is not None:
+        stamp["draft"] = {"source": [str(p) for p in loaded.draft.paths], "tensors": n_draft,
+                          "stages": draft_cfg["num_nextn_predict_layers"], "config": draft_cfg}
+    if mm_plan is not None:
+        sub = tmp / "mmproj"
+        sub.mkdir()
+        mm_writer = _ShardWriter(sub, shard_bytes)
+        for name, t in loaded.mmproj_weights():
+            mm_writer.add(name, t)
+        files = mm_writer.finish()
+        (sub / "vision_config.json").write_text(json.dumps(mm_plan.config, indent=1, sort_keys=True) + "\n")
+        stamp["mmproj"] = {"source": [str(p) for p in loaded.mmproj.paths], "folder": "mmproj",
+                           "files": files, "tensors": len(mm_plan.tensors), "config": mm_plan.config,
+                           "unknown": mm_plan.unknown}
+    stamp["files"] = sorted(p.name for p in tmp.iterdir())
     tmp_stamp = tmp / (STAMP + ".tmp")
     tmp_stamp.write_text(json.dumps(stamp, indent=1) + "\n")
     os.replace(tmp_stamp, tmp / STAMP)

@@ -114,17 +114,20 @@ def build_plan(argv: list[str]) -> LaunchPlan:
             from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
             for flag, side in (("--draft-model", args.draft_model), ("--mmproj", args.mmproj)):
-                if side is not None:
-                    if not Path(side).expanduser().exists():
-                        raise ServeError(f"{flag} {side}: no such file")
-                    raise ServeError(f"{flag} {side}: serving a DSpark draft or vision projector is not wired "
-                                     "into the server yet; leave the flag out")
+                if side is not None and not Path(side).expanduser().exists():
+                    raise ServeError(f"{flag} {side}: no such file")
             if not args.served_model_name:
                 # Name it after the GGUF (shard suffix dropped), not after the cache folder's hash.
                 stem = model_path.name if model_path.is_dir() else model_path.stem
                 args.served_model_name = re.sub(r"-\d{5}-of-\d{5}$", "", stem)
             try:
-                model_path = gguf_to_checkpoint(model_path)
+                # Sidecars named by flag, else found next to the model; checked before converting.
+                check_sidecar_flags(model_path, resolve_device(args.device), args.draft_model, args.mmproj)
+                model_path = gguf_to_checkpoint(
+                    model_path,
+                    draft=Path(args.draft_model).expanduser() if args.draft_model else None,
+                    mmproj=Path(args.mmproj).expanduser() if args.mmproj else None,
+                )
             except GGUFError as exc:
                 raise ServeError(f"--model {model_path}: {exc}") from None
     if not 0 < args.port < 65536:
@@ -148,6 +151,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         "--log-level", args.log_level,
         "--trust-remote-code",
     ]
+    sg += sidecar_args(model_path, device, args.draft_model, args.mmproj)
     vram = None
     if device == "cpu":
         if args.vram_gib is not None:
@@ -172,6 +176,62 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     if args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)
+
+
+# Why SGLang 0.5.23 cannot use a sidecar here (the file is still checked and converted).
+DRAFT_CPU_REASON = ("SGLang 0.5.23 runs DSpark speculative decoding only on CUDA, NPU or XPU devices "
+                    "(sglang/srt/arg_groups/speculative_hook.py, _handle_dspark), and this server runs on the CPU")
+MMPROJ_REASON = ("SGLang 0.5.23 builds the DeepSeek-V4.1 vision tower only for a config with model_type "
+                 "deepseek_v41 and vision_n_layers > 0, loading vision.*/aligner.*/image_* tensors from the model "
+                 "checkpoint itself (models/deepseek_v4.py); winport serves GGUF checkpoints as model_type "
+                 "deepseek_v4, text only, and the projector's llama.cpp tensor names are unconfirmed, so images "
+                 "are not served")
+
+
+def check_sidecar_flags(model: Path, device: str, draft_flag: object, mmproj_flag: object) -> None:
+    """Check sidecars named by flag (GGUFError names the file) and refuse, before the long model
+    conversion, one SGLang cannot use on this device."""
+    if draft_flag is None and mmproj_flag is None:
+        return
+    from winport.gguf.convert import load_gguf_model
+
+    with load_gguf_model(model, draft=Path(str(draft_flag)).expanduser() if draft_flag else False,
+                         mmproj=Path(str(mmproj_flag)).expanduser() if mmproj_flag else False) as lm:
+        lm.draft_config()
+        lm.mmproj_plan()
+    if draft_flag is not None and device == "cpu":
+        raise ServeError(f"--draft-model {draft_flag}: {DRAFT_CPU_REASON}. The file was checked: it is a usable "
+                         "DSpark draft; leave the flag out to serve without it")
+    if mmproj_flag is not None:
+        raise ServeError(f"--mmproj {mmproj_flag}: {MMPROJ_REASON}. The file was checked: it is a usable "
+                         "projector; leave the flag out to serve text only")
+
+
+def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag: object) -> list[str]:
+    """SGLang flags for the sidecars bundled in a converted GGUF checkpoint (see winport.gguf.to_checkpoint).
+
+    DSpark draft: ``--speculative-algorithm DSPARK`` with the draft path = the checkpoint itself (SGLang's
+    convention for a draft bundled as mtp.* tensors + dspark_* config keys). A sidecar SGLang cannot use
+    is a ServeError when its flag was given, and a printed note when it was only found next to the model.
+    """
+    from winport.gguf.to_checkpoint import sidecars
+
+    side = sidecars(model_path)
+    out: list[str] = []
+    if "draft" in side:
+        if device == "cpu":
+            if draft_flag is not None:  # check_sidecar_flags refuses this before converting
+                raise ServeError(f"--draft-model {draft_flag}: {DRAFT_CPU_REASON}")
+            print(f"winport serve: DSpark draft found next to the model but not used: {DRAFT_CPU_REASON}", flush=True)
+        else:
+            out += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(model_path)]
+    if "mmproj" in side:
+        where = model_path / side["mmproj"]["folder"]
+        if mmproj_flag is not None:  # check_sidecar_flags refuses this before converting
+            raise ServeError(f"--mmproj {mmproj_flag}: {MMPROJ_REASON}")
+        print(f"winport serve: vision projector found next to the model (converted into {where}) but not used: "
+              f"{MMPROJ_REASON}", flush=True)
+    return out
 
 
 def cpu_thread_bind(ranks: int, cpus: int | None = None) -> str:

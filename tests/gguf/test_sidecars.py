@@ -1,0 +1,231 @@
+"""DSpark draft and vision projector (mmproj) GGUFs: found, checked, converted, and the serve plan.
+
+Tiny files written with gguf-py's writer: a V4.1 model (tests/gguf/test_model_load.py's tensors), a
+two-stage DSpark draft with real V4.1 layer names plus the DSpark stage tensors, and a two-block
+mmproj in llama.cpp's clip spelling. What SGLang 0.5.23 expects (read from its source):
+- draft: bundled in the target checkpoint as ``mtp.<stage>.*`` tensors with ``dspark_*`` keys in
+  config.json, served with ``--speculative-algorithm DSPARK`` (draft path = the model path); DSpark
+  runs on CUDA/NPU/XPU only, so on the CPU the draft is checked but not used;
+- mmproj: V4.1's vision tower lives in the model checkpoint (vision.*, aligner.*, image_*) and is
+  built only for model_type deepseek_v41; winport serves deepseek_v4 text-only checkpoints, so the
+  projector is checked and converted into <checkpoint>/mmproj but not served.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from winport.gguf import GGUFError, open_gguf
+from winport.gguf.to_checkpoint import gguf_to_checkpoint, sidecars
+
+from .conftest import write_gguf
+from .test_model_load import KV, H, V, _bf16, _f32, _q8, tiny_v41_tensors
+
+TOKENIZER_KV = {
+    "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "deepseek-v3",
+    "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
+}
+RANK, D, INTER = 16, 32, 48  # Markov rank; vision dim and MLP width
+
+
+def _tokens() -> dict:
+    toks = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "a", "b", "ab"]
+    toks += [f"t{i}" for i in range(V - len(toks))]
+    return {"tokenizer.ggml.tokens": toks, "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.token_type": [3, 3] + [1] * (len(toks) - 2)}
+
+
+def draft_tensors(rng: np.random.Generator) -> dict:
+    """Two DSpark stages: V4.1 decoder-layer tensors + main projection (3 target layers), norms, Markov head."""
+    layer = {k: v for k, v in tiny_v41_tensors(rng, n_layers=2).items() if k.startswith("blk.") and "engram" not in k}
+    layer.update({
+        "blk.0.dspark_main_proj.weight": _q8(rng, H, 3 * H),
+        "blk.0.dspark_main_norm.weight": _f32(rng, H),
+        "blk.1.dspark_norm.weight": _f32(rng, H),
+        "blk.1.dspark_markov_embd.weight": _bf16(rng, V, RANK),
+        "blk.1.dspark_markov_head.weight": _bf16(rng, V, RANK),
+        "token_embd.weight": _q8(rng, V, H),  # a draft's own embedding: SGLang uses the model's
+    })
+    return layer
+
+
+DRAFT_KV = {"deepseek41.block_count": 2, "deepseek41.mtp.block_size": 5, "deepseek41.mtp.markov_rank": RANK,
+            "deepseek41.mtp.target_layers": [0, 1, 1], "deepseek41.mtp.expert_count": 4,
+            "deepseek41.mtp.expert_used_count": 2}
+MMPROJ_KV = {"clip.vision.block_count": 2, "clip.vision.embedding_length": D, "clip.vision.attention.head_count": 2,
+             "clip.vision.feed_forward_length": INTER, "clip.vision.patch_size": 2,
+             "clip.vision.projector.scale_factor": 2}
+
+
+def mmproj_tensors(rng: np.random.Generator) -> dict:
+    t = {"v.patch_embd.weight": _bf16(rng, D, 12), "v.patch_embd.bias": _f32(rng, D),
+         "v.post_ln.weight": _f32(rng, D), "mm.0.weight": _bf16(rng, H, 4 * D), "mm.0.bias": _f32(rng, H),
+         "mm.2.weight": _bf16(rng, H, H), "mm.2.bias": _f32(rng, H), "v.image_start": _f32(rng, H),
+         "v.image_end": _f32(rng, H), "v.image_newline": _f32(rng, H)}
+    for i in range(2):
+        b = f"v.blk.{i}."
+        t.update({b + "ln1.weight": _f32(rng, D), b + "attn_qkv.weight": _bf16(rng, 3 * D, D),
+                  b + "attn_out.weight": _bf16(rng, D, D), b + "ln2.weight": _f32(rng, D),
+                  b + "ffn_gate.weight": _bf16(rng, INTER, D), b + "ffn_up.weight": _bf16(rng, INTER, D),
+                  b + "ffn_down.weight": _bf16(rng, D, INTER)})
+    return t
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, dict, dict]:
+    d = tmp_path / "models"
+    d.mkdir()
+    write_gguf(d / "DeepSeek-V4.1-Flash-UD-Q4_K_XL.gguf", "deepseek41", tiny_v41_tensors(rng),
+               {**KV, **TOKENIZER_KV, **_tokens()})
+    dt, mt = draft_tensors(rng), mmproj_tensors(rng)
+    write_gguf(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf", "deepseek41", dt, DRAFT_KV)
+    write_gguf(d / "mmproj-BF16.gguf", "clip", mt, MMPROJ_KV)
+    return d, dt, mt
+
+
+def _main(d: Path) -> Path:
+    return d / "DeepSeek-V4.1-Flash-UD-Q4_K_XL.gguf"
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(-1).view(torch.uint8).numpy()
+
+
+def test_sidecars_found_next_to_model_are_bundled(model_dir: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    d, dt, mt = model_dir
+    folder = gguf_to_checkpoint(_main(d), cache=tmp_path / "cache", draft=None, mmproj=None, progress=False)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["dspark_block_size"] == 5 and cfg["dspark_markov_rank"] == RANK
+    assert cfg["dspark_target_layer_ids"] == [0, 1, 1] and cfg["num_nextn_predict_layers"] == 2
+    assert cfg["dspark_n_routed_experts"] == 4 and cfg["dspark_num_experts_per_tok"] == 2
+    w = load_file(str(folder / "model.safetensors"))
+    # Model tensors untouched by the bundling; draft stage tensors under mtp.<stage>.
+    assert "embed.weight" in w and "layers.1.attn.wq_a.weight" in w
+    mtp = sorted(k for k in w if k.startswith("mtp."))
+    assert "mtp.0.main_proj.weight" in mtp and "mtp.0.main_norm.weight" in mtp and "mtp.1.norm.weight" in mtp
+    assert "mtp.0.ffn.experts.3.w2.weight" in mtp and "mtp.1.attn.wq_a.weight" in mtp
+    np.testing.assert_array_equal(_bits(w["mtp.1.markov_head.embed.weight"]),
+                                  dt["blk.1.dspark_markov_embd.weight"][1].view(np.uint8).reshape(-1))
+    ref = open_gguf(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf")["blk.0.dspark_main_proj.weight"].dequantize()
+    np.testing.assert_allclose(w["mtp.0.main_proj.weight"].float().numpy(), ref, rtol=2**-8, atol=0)
+    assert not any(k.startswith("mtp.") and ".embed." in k and "markov" not in k for k in w)
+    # mmproj: own folder, SGLang's V4.1 vision names, gate and up stacked into w1.
+    v = load_file(str(folder / "mmproj" / "model.safetensors"))
+    gate_up = np.concatenate([mt["v.blk.1.ffn_gate.weight"][1], mt["v.blk.1.ffn_up.weight"][1]], axis=0)
+    np.testing.assert_array_equal(_bits(v["vision.blocks.1.mlp.w1.weight"]), gate_up.view(np.uint8).reshape(-1))
+    assert set(v) >= {"vision.patch_embed.proj.weight", "vision.norm.weight", "aligner.w2.bias", "image_newline"}
+    assert not any(k.startswith(("vision.", "aligner.", "image_")) for k in w)  # never in the model shards
+    vc = json.loads((folder / "mmproj" / "vision_config.json").read_text())
+    assert vc["vision_n_layers"] == 2 and vc["vision_dim"] == D and vc["vision_downsample_ratio"] == 2
+    side = sidecars(folder)
+    assert side["draft"]["stages"] == 2 and side["mmproj"]["tensors"] == len(v)
+    # Without sidecars: another cache entry, no mtp.* tensors.
+    plain = gguf_to_checkpoint(_main(d), cache=tmp_path / "cache", progress=False)
+    assert plain != folder and sidecars(plain) == {}
+    assert not any(k.startswith("mtp.") for k in load_file(str(plain / "model.safetensors")))
+
+
+def _plan(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cuda: bool = False):
+    from winport.serve import command
+
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(command, "_cuda_available", lambda: cuda)
+    return command.build_plan(argv)
+
+
+def test_serve_plan_dspark_on_cuda(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    d, _, _ = model_dir
+    plan = _plan(["--model", str(_main(d)), "--device", "cuda"], monkeypatch, tmp_path, cuda=True)
+    a = plan.argv
+    assert a[a.index("--speculative-algorithm") + 1] == "DSPARK"
+    assert a[a.index("--speculative-draft-model-path") + 1] == str(plan.model_path)
+    assert "mtp.0.main_proj.weight" in load_file(str(plan.model_path / "model.safetensors"))
+    assert "vision projector found next to the model" in capsys.readouterr().out  # found, converted, not served
+
+
+def test_serve_plan_cpu_notes_and_refusals(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from winport.serve.command import ServeError
+
+    d, _, _ = model_dir
+    plan = _plan(["--model", str(_main(d)), "--device", "cpu"], monkeypatch, tmp_path)
+    assert "--speculative-algorithm" not in plan.argv
+    out = capsys.readouterr().out
+    assert "DSpark draft found next to the model but not used" in out and "only on CUDA, NPU or XPU" in out
+    assert "model_type deepseek_v41" in out
+    # Named by flag: refused with the reason, before the model is converted (fresh cache stays empty).
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path / "cache2"))
+    draft = d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf"
+    with pytest.raises(ServeError, match=r"--draft-model .*only on CUDA, NPU or XPU.*usable DSpark draft"):
+        _plan(["--model", str(_main(d)), "--device", "cpu", "--draft-model", str(draft)], monkeypatch, tmp_path / "x")
+    with pytest.raises(ServeError, match=r"--mmproj .*model_type deepseek_v41"):
+        _plan(["--model", str(_main(d)), "--device", "cpu", "--mmproj", str(d / "mmproj-BF16.gguf")],
+              monkeypatch, tmp_path / "y")
+    for sub in ("x", "y"):
+        assert not (tmp_path / sub / "cache" / "gguf").exists()
+
+
+def test_draft_named_by_flag_elsewhere(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch, rng: np.random.Generator) -> None:
+    d, _, _ = model_dir
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    p = write_gguf(other / "my-speculator.gguf", "deepseek41", draft_tensors(rng), DRAFT_KV)
+    plan = _plan(["--model", str(_main(d)), "--device", "cuda", "--draft-model", str(p)], monkeypatch, tmp_path,
+                 cuda=True)
+    assert sidecars(plan.model_path)["draft"]["source"] == [str(p)]
+    assert "DSPARK" in plan.argv
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("no_markov", r"Markov head"),
+    ("no_targets", r"deepseek41\.mtp\.target_layers missing"),
+    ("wrong_targets", r"2 target layers in the metadata, 3 by the shape"),
+    ("no_stage_tensor", r"required tensor blk\.1\.attn_q_a\.weight missing"),
+])
+def test_bad_draft_is_named(model_dir: tuple[Path, dict, dict], tmp_path: Path, rng: np.random.Generator,
+                            monkeypatch: pytest.MonkeyPatch, damage: str, match: str) -> None:
+    from winport.serve.command import ServeError
+
+    d, _, _ = model_dir
+    t, kv = draft_tensors(rng), dict(DRAFT_KV)
+    if damage == "no_markov":
+        del t["blk.1.dspark_markov_head.weight"]
+    elif damage == "no_targets":
+        del kv["deepseek41.mtp.target_layers"]
+    elif damage == "wrong_targets":
+        kv["deepseek41.mtp.target_layers"] = [1, 2]
+    else:
+        del t["blk.1.attn_q_a.weight"]
+    bad = write_gguf(tmp_path / "bad-draft.gguf", "deepseek41", t, kv)
+    with pytest.raises(GGUFError, match=match) as ei:
+        gguf_to_checkpoint(_main(d), cache=tmp_path / "cache", draft=bad, progress=False)
+    assert str(bad) in str(ei.value)
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))  # checked before any conversion
+    with pytest.raises(ServeError, match=match):
+        _plan(["--model", str(_main(d)), "--device", "cuda", "--draft-model", str(bad)], monkeypatch, tmp_path,
+              cuda=True)
+
+
+def test_bad_mmproj_is_named(model_dir: tuple[Path, dict, dict], tmp_path: Path, rng: np.random.Generator) -> None:
+    d, _, _ = model_dir
+    t = mmproj_tensors(rng)
+    del t["v.blk.1.ffn_up.weight"], t["mm.2.weight"]
+    bad = write_gguf(tmp_path / "mmproj-bad.gguf", "clip", t, MMPROJ_KV)
+    with pytest.raises(GGUFError) as ei:
+        gguf_to_checkpoint(_main(d), cache=tmp_path / "cache", mmproj=bad, progress=False)
+    msg = str(ei.value)
+    assert str(bad) in msg and "v.blk.1.ffn_gate_up.weight" in msg and "mm.2.weight" in msg
+    # A truncated file: the reader's error, naming the file.
+    raw = (d / "mmproj-BF16.gguf").read_bytes()
+    cut = tmp_path / "mmproj-cut.gguf"
+    cut.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(GGUFError, match=str(cut).replace(".", r"\.")):
+        gguf_to_checkpoint(_main(d), cache=tmp_path / "cache", mmproj=cut, progress=False)
