@@ -12,6 +12,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_rope_without_scaling",
     "cpu_dsv4_fp8_kv",
     "dsv4_generic_device",
+    "cuda_jit_quant",
     "dsv4_cpu_fused_store",
     "dsv41_cpu_swa_layout_flag",
     "chat_template_without_recipe",

@@ -27,6 +27,8 @@ COMPRESS = "sglang.kernels.ops.attention.dsv4.compress"
 NORM_ROPE = "sglang.kernels.ops.attention.dsv4.norm_rope"
 TOPK = "sglang.kernels.ops.attention.dsv4.topk"
 ACT_CLAMP = "sglang.kernels.ops.activation.silu_and_mul_clamp"
+DSV4_OPS = "sglang.kernels.ops.attention.dsv4"
+METADATA = "sglang.srt.layers.attention.dsv4.metadata"
 
 # module -> {name bound in the module: sgl_kernel function it stands for}
 IMPORT_TIME_NAMES: dict[str, dict[str, str]] = {
@@ -50,6 +52,15 @@ IMPORT_TIME_NAMES: dict[str, dict[str, str]] = {
         "fused_q_norm_rope_xpu": "fused_q_norm_rope",
     },
 }
+
+
+def _forwarder_to(library: str, name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(library), name)(*args, **kwargs)
+
+    call.__name__ = name
+    call.__qualname__ = f"{library}.{name}"
+    return call
 
 
 def _forwarder(name: str) -> Callable[..., Any]:
@@ -79,6 +90,11 @@ def apply() -> None:
     }
     topk = importlib.import_module(TOPK)
     topk.is_xpu = lambda: True
+    # The indexer's DeepGEMM schedule metadata comes from a CUDA JIT kernel for large batches (and
+    # whenever SGLANG_OPT_USE_JIT_INDEXER_METADATA is on); the deep_gemm shim computes the same
+    # [num_sms + 1, 2] schedule, and winport's fp8_paged_mqa_logits is what consumes it.
+    dsv4_ops = importlib.import_module(DSV4_OPS)
+    dsv4_ops.get_paged_mqa_logits_metadata = _forwarder_to("deep_gemm", "get_paged_mqa_logits_metadata")
 
 
 def register_patch() -> None:
@@ -90,4 +106,6 @@ def register_patch() -> None:
     require_source(f"{NORM_ROPE}.fused_q_norm_rope", "fused_q_norm_rope_xpu")
     require_source(f"{TOPK}.topk_transform_paged", "elif is_xpu():", "torch.ops.sgl_kernel.topk_transform(")
     require_source(f"{ACT_CLAMP}.silu_and_mul_clamp", "if _is_xpu:", "from sgl_kernel import silu_and_mul_clamp")
+    require_source(f"{METADATA}.PagedIndexerMetadata.__post_init__",
+                   "from sglang.kernels.ops.attention.dsv4 import (", "get_paged_mqa_logits_metadata,")
     apply()

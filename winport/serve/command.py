@@ -79,7 +79,16 @@ def sglang_switches(device: str) -> dict[str, str]:
         # fp4 quantization, comm fusion) that have no Windows build and no winport shim; told it is
         # absent, SGLang takes its torch/Triton/sgl_kernel routes, which winport's shims serve.
         "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
+        # SGLang asserts the sglang-kernel *distribution* version; winport's sgl_kernel is a shim
+        # module with no distribution metadata.
+        "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
     }
+    if device != "cpu":
+        # MXFP4 routed experts: SGLang's CUDA choice is flashinfer's MXFP4 MoE, which has no Windows
+        # build. Dequantized to FP8 blocks at load they run in SGLang's Triton fused MoE (its
+        # activation quantization through winport.patches.cuda_jit_quant). GPU-resident experts in
+        # 4 bits need a MXFP4 MoE kernel of winport's own (not written yet).
+        env["SGLANG_DSV4_FP4_DEQUANT"] = "1"
     if device == "cpu":
         env.update({
             "SGLANG_USE_CPU_ENGINE": "1",
@@ -157,7 +166,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         if args.vram_gib is not None:
             raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
         sg += ["--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.5", "--skip-server-warmup"]
-    elif args.vram_gib is not None:
+    if device != "cpu" and args.vram_gib is not None:
         import torch
 
         total = torch.cuda.get_device_properties(0).total_memory
