@@ -2,7 +2,9 @@
 
 Writes (once) a synthetic DeepSeek-V4.1-named GGUF of about ``--gib`` GiB (Q8_0 dense, MXFP4
 experts, F32 norms), warms the page cache, then in the same run measures
-  1. a plain sequential read of the file (readinto a reused buffer): the I/O roofline;
+  1. a plain sequential read of the file (readinto a reused buffer): the I/O roofline, before
+     and after the load (the machine may be shared), and a read into fresh buffers that are all
+     kept (what producing that many resident bytes costs with no conversion at all);
   2. winport.gguf.load_gguf_model(...).weights() converting everything and keeping every output
      tensor (the "final resident weights"), timed per role;
   3. peak RSS during 2 (VmHWM, reset before the load) against final resident weights + the largest
@@ -142,6 +144,26 @@ def sequential_read(path: Path, chunk: int = 16 << 20) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
+def read_into_fresh(path: Path, chunk: int = 16 << 20) -> tuple[int, float]:
+    """Read the whole file into newly allocated buffers that are all kept until the end: the cost of
+    producing as many resident output bytes without any conversion (first-touch page faults
+    included, which a loader cannot avoid and a plain read into one reused buffer does not pay)."""
+    n = 0
+    kept = []
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            buf = np.empty(chunk, dtype=np.uint8)
+            k = fh.readinto(memoryview(buf))
+            if not k:
+                break
+            kept.append(buf)
+            n += k
+    dt = time.perf_counter() - t0
+    del kept
+    return n, dt
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=3.0)
@@ -156,10 +178,13 @@ def main() -> int:
     sequential_read(path)  # warm the page cache
     nbytes, t_read = sequential_read(path)
     read_gbs = nbytes / t_read / 1e9
+    nfresh, t_fresh = read_into_fresh(path)
+    fresh_gbs = nfresh / t_fresh / 1e9
 
     import torch  # noqa: F401  (imported before the baseline so its RSS is not counted)
 
     from winport.gguf import load_gguf_model
+    from winport.gguf.mxfp4_repack import conversion_threads
 
     lm = load_gguf_model(path, draft=False, mmproj=False)
     base_rss = _status("VmRSS")
@@ -189,13 +214,19 @@ def main() -> int:
     peak = _status("VmHWM") - base_rss
     final = sum(t.numel() * t.element_size() for t in kept.values())
     loaded_src = lm.total_bytes()
-    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()}")
+    nbytes2, t_read2 = sequential_read(path)  # again after the load: the machine is shared, show drift
+    read2_gbs = nbytes2 / t_read2 / 1e9
+    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} "
+          f"torch={torch.__version__} threads={conversion_threads()} loadavg={os.getloadavg()[0]:.2f}")
     print(f"file: {size / 1e9:.2f} GB, {len(lm.model)} tensors")
-    print(f"sequential read (page cache): {read_gbs:.2f} GB/s")
+    print(f"sequential read (page cache): {read_gbs:.2f} GB/s before the load, {read2_gbs:.2f} GB/s after; "
+          f"read into fresh kept buffers (first-touch faults, no conversion): {fresh_gbs:.2f} GB/s")
     print(f"load+convert all: {loaded_src / t_load / 1e9:.2f} GB/s of GGUF bytes ({t_load:.1f} s), "
           f"{loaded_src / t_load / 1e9 / read_gbs * 100:.0f}% of sequential read")
     for role, t in sorted(role_time.items()):
-        print(f"  {role:8s} {src_bytes.get(role, 0) / 1e9:6.2f} GB in {t:6.1f} s = {src_bytes.get(role, 0) / max(t, 1e-9) / 1e9:.2f} GB/s")
+        gbs = src_bytes.get(role, 0) / max(t, 1e-9) / 1e9
+        print(f"  {role:8s} {src_bytes.get(role, 0) / 1e9:6.2f} GB in {t:6.1f} s = {gbs:.2f} GB/s "
+              f"({gbs / read_gbs * 100:.0f}% of sequential read)")
     print(f"peak RSS during load (above baseline): {peak / 1e9:.2f} GB; final resident weights {final / 1e9:.2f} GB; "
           f"largest tensor {largest / 1e6:.1f} MB; ratio {peak / (final + largest):.3f} (goal <= 1.2)")
     lm.close()

@@ -40,8 +40,9 @@ FP8_BLOCK_V4 = (128, 128)
 FP8_BLOCK_V41 = (32, 32)
 # Rows converted per numpy/torch step: bounds temporaries to ~64 MB of float32.
 _CHUNK_BYTES = 64 << 20
-# Values per parallel work item of the FP8 / bf16 conversions (ATen's parallel grain is 32768).
-_TILE_VALUES = 32768
+# Values per parallel work item of the FP8 / bf16 conversions: large enough that the ~15 torch
+# and numpy calls per item cost little, small enough to stay in L2 (float32 temporaries of 512 kB).
+_TILE_VALUES = 131072
 
 
 def _torch() -> Any:
@@ -205,10 +206,10 @@ def to_fp8_blocks(
     weight = torch.empty((n, k), dtype=torch.float8_e4m3fn)
     scale = torch.empty((sn, sk), dtype=torch.float32)
     rows_per_step = max(bn, (_CHUNK_BYTES // max(1, 4 * k)) // bn * bn)
-    # Work items: one row block high, whole column blocks wide, ~_TILE_VALUES values, so each
-    # torch op stays below ATen's parallel grain (single-threaded, cache-resident) and the tiles
-    # run in parallel on the conversion pool: robust when other processes hold some cores, where
-    # OpenMP's barriers in every op were measured 10x slower than one thread.
+    # Work items: one row block high, whole column blocks wide, ~_TILE_VALUES values, run in
+    # parallel on the conversion pool (one thread per core, each op single-threaded; see
+    # mxfp4_repack.parallel_chunks): robust when other processes hold some cores, where OpenMP's
+    # barriers in every op were measured 10x slower than one thread.
     tile_cols = max(bk, (_TILE_VALUES // bn) // bk * bk)
     for r0 in range(0, n, rows_per_step):
         r1 = min(n, r0 + rows_per_step)
