@@ -160,3 +160,98 @@ def test_windows_compat_fills_what_windows_lacks() -> None:
     env2 = {"SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS": "4096"}
     windows_compat.apply(fake_mmap, env2)
     assert env2["SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS"] == "4096"  # a user's choice is kept
+
+
+def _demo_model_config(tmp_path):  # type: ignore[no-untyped-def]
+    import json
+
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from winport.demo.config import demo_config
+
+    (tmp_path / "config.json").write_text(json.dumps(demo_config("v4")))
+    return ModelConfig(str(tmp_path), trust_remote_code=True)
+
+
+def test_cpu_tp_keeps_deepseek_v4_single_kv_head(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.update_config import adjust_config_with_unaligned_cpu_tp as upstream
+
+    from winport.patches.cpu_tp_dsv4_single_kv_head import adjust
+
+    # Upstream alone pads the single KV head to 2 and doubles the query heads (the bug).
+    padded = upstream(_demo_model_config(tmp_path), LoadConfig(), 2)
+    assert (padded.hf_config.num_key_value_heads, padded.num_attention_heads) == (2, 16)
+    fixed = adjust(upstream, _demo_model_config(tmp_path), LoadConfig(), 2)
+    for cfg in (fixed, fixed.hf_config, fixed.hf_text_config):
+        assert (cfg.num_key_value_heads, cfg.num_attention_heads) == (1, 8)
+    assert fixed.hf_config.original_num_attention_heads == 8  # the rest of upstream's work is kept
+    with pytest.raises(ValueError, match=r"--tp 3: num_attention_heads=8 and o_groups=2"):
+        adjust(upstream, _demo_model_config(tmp_path), LoadConfig(), 3)
+    other = types.SimpleNamespace(hf_config=types.SimpleNamespace(model_type="llama", architectures=["LlamaForCausalLM"]))
+    assert adjust(lambda mc, lc, tp: ("upstream", mc, tp), other, None, 2) == ("upstream", other, 2)
+
+
+def test_cpu_embedding_mask_runs_eagerly_with_the_same_result() -> None:
+    import torch
+    from sglang.srt.layers import vocab_parallel_embedding as vpe
+
+    from winport.patches.cpu_tp_embedding_eager import _masked, eager_of
+
+    compiled = vpe.get_masked_input_and_mask
+    assert eager_of(compiled) is not compiled
+    calls = []
+
+    def original(*args):  # type: ignore[no-untyped-def]
+        calls.append(args)  # the compiled function: must not run for CPU tensors
+        raise AssertionError("compiled path taken on CPU")
+
+    original._torchdynamo_orig_callable = eager_of(compiled)  # type: ignore[attr-defined]
+    ids = torch.randint(0, 1024, (37,), generator=torch.Generator().manual_seed(7))
+    # Rank 1 of 2 over a 1024-token vocabulary, no added tokens: ids 512..1023 are local.
+    masked, mask = _masked(original, ids, 512, 1024, 0, 1024, 1024)
+    assert not calls
+    local = (ids >= 512) & (ids < 1024)
+    assert torch.equal(mask, ~local)
+    assert torch.equal(masked, torch.where(local, ids - 512, torch.zeros_like(ids)))
+    with pytest.raises(_base.UpstreamChangedError, match="torch.compile wrapper"):
+        eager_of(lambda x: x)
+
+
+ROPE_CHECK = r"""
+import torch
+from sglang.kernels.ops.attention.dsv4 import rope as R
+from winport.patches.cpu_dsv4_rope_torch import rotary_gptj_inplace
+g = torch.Generator().manual_seed(20261129)
+freqs = R.precompute_freqs_cis(64, 4096, 4096, 10000.0, 2.0, 32, 1)
+for shape, dtype in [((5, 3, 512), torch.float32), ((6, 576), torch.float32), ((5, 3, 512), torch.bfloat16)]:
+    for inverse in (False, True):
+        for use_pos in (True, False):
+            parent = (torch.randn(*shape, generator=g) * 4).to(dtype)
+            pos = torch.randint(0, 4096, (shape[0],), generator=g) if use_pos else None
+            table = freqs if use_pos else freqs[torch.randint(0, 4096, (shape[0],), generator=g)]
+            kernel, ours = parent.clone(), parent.clone()
+            R.apply_rotary_emb_triton(kernel[..., -64:], table, positions=pos, inverse=inverse)
+            rotary_gptj_inplace(ours[..., -64:], table, pos, inverse)
+            assert torch.equal(ours[..., :-64], parent[..., :-64]), "wrote outside the rope slice"
+            assert not torch.equal(ours[..., -64:], parent[..., -64:]), "rotation did nothing"
+            assert not ours.isnan().any()
+            if dtype == torch.float32:
+                assert torch.equal(kernel, ours), (shape, inverse, use_pos)
+            else:
+                # The kernel computes in fp32 and stores to bf16. Triton's interpreter truncates that
+                # store (round toward zero) where compiled Triton rounds to nearest even, as torch
+                # does: compare with the fp32 kernel result rounded both ways.
+                exact = parent.float()
+                R.apply_rotary_emb_triton(exact[..., -64:], table, positions=pos, inverse=inverse)
+                assert torch.equal(ours, exact.to(torch.bfloat16)), (shape, inverse, use_pos)
+                toward_zero = (exact.view(torch.int32) & -65536).view(torch.float32).to(torch.bfloat16)
+                assert torch.equal(kernel, toward_zero), (shape, inverse, use_pos)
+print("rope ok")
+"""
+
+
+def test_cpu_rope_matches_the_triton_kernel_under_the_interpreter() -> None:
+    proc = run_python(ROPE_CHECK, env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("rope ok")

@@ -18,6 +18,9 @@ PATCHES: tuple[str, ...] = (
     "chat_template_without_recipe",
     "cpu_fp8_block_linear",
     "cpu_mxfp4_moe",
+    "cpu_tp_dsv4_single_kv_head",
+    "cpu_tp_embedding_eager",
+    "cpu_dsv4_rope_torch",
 )
 
 

@@ -180,8 +180,15 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         if args.max_running_requests < 1:
             raise ServeError("--max-running-requests must be at least 1")
         sg += ["--max-running-requests", str(args.max_running_requests)]
+    if args.tp < 1:
+        raise ServeError(f"--tp {args.tp}: the tensor-parallel size must be at least 1")
     if device == "cpu" and args.tp > 1:
         env["SGLANG_CPU_OMP_THREADS_BIND"] = os.environ.get("SGLANG_CPU_OMP_THREADS_BIND") or cpu_thread_bind(args.tp)
+    if args.tp > 1:
+        # winport's platforms do collectives with gloo. SGLang's custom all-reduce needs CUDA IPC
+        # buffers and NCCL (neither exists on Windows; on CPU its set-up only fails with a
+        # warning), so it is switched off rather than attempted.
+        sg += ["--disable-custom-all-reduce"]
     if args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
     return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)
