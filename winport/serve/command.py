@@ -166,6 +166,13 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         if args.vram_gib is not None:
             raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
         sg += ["--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.5", "--skip-server-warmup"]
+    if device != "cpu":
+        # The DeepSeek-V4 XPU-route functions winport serves from sgl_kernel (compressor, KV store,
+        # top-k transforms: shims/sgl_kernel/dsv4_xpu.py) are torch code with data-dependent shapes
+        # (host syncs), which a CUDA graph cannot capture (seen on the H200: "Cannot copy between
+        # CPU and CUDA tensors during CUDA graph capture"). Until they have graph-safe kernels,
+        # decode runs eagerly: correct, but far slower than with graphs.
+        sg += ["--disable-cuda-graph"]
     if device != "cpu" and args.vram_gib is not None:
         import torch
 
