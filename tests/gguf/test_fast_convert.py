@@ -159,11 +159,16 @@ def test_experts_from_file_equal_reference(tmp_path: Path, rng: np.random.Genera
 @pytest.mark.parametrize("block,shape", [((32, 32), (96, 160)), ((32, 32), (37, 64)),
                                          ((128, 128), (200, 96)), ((128, 128), (256, 256))])
 @pytest.mark.parametrize("fmt", ["ue8m0", "fp32"])
+@pytest.mark.parametrize("tiles", ["narrow", "tall"])
 def test_q8_0_to_fp8_equals_reference(tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
-                                      block, shape, fmt, nonfinite) -> None:
+                                      block, shape, fmt, nonfinite, tiles) -> None:
     n, k = shape
-    # Small chunks: several row chunks per tensor, the last one ragged.
+    # Small chunks and tiles: several row chunks per tensor (the last one ragged) and, run on two
+    # pool threads, either several tiles per row block ("narrow") or tiles of several row blocks
+    # ("tall", as for narrow tensors).
     monkeypatch.setattr(cv, "_CHUNK_BYTES", 4 * k * 64)
+    monkeypatch.setattr(cv, "_TILE_VALUES", block[0] * block[1] * 2 if tiles == "narrow" else block[0] * k * 2)
+    monkeypatch.setenv("WINPORT_GGUF_THREADS", "2")
     raw = q8_0_blocks(rng, n * k // 32, nonfinite=nonfinite)
     ref_w, ref_s = ref_fp8_blocks(ref_q8_0_values(raw, n, k), block, fmt)
     with _tensor_file(tmp_path, "Q8_0", shape, raw) as m:
@@ -175,27 +180,13 @@ def test_q8_0_to_fp8_equals_reference(tmp_path: Path, rng: np.random.Generator, 
         assert np.isnan(E4M3FN_VALUES[ref_w]).any()
 
 
-def test_q8_0_fast_path_taken_only_when_exact(rng: np.random.Generator) -> None:
-    """The power-of-two shortcut runs for finite scales and declines NaN/inf ones."""
-    raw = q8_0_blocks(rng, 64 * 4, nonfinite=False)
-    t = torch.from_numpy(raw.reshape(64, 4 * 34))
-    d = t.view(torch.float16).view(64, 4, 17)[:, :, 0]
-    q = t.view(torch.int8).view(64, 4, 34)[:, :, 2:]
-    res = cv._fp8_chunk_q8_ue8m0(d, q, (32, 32))
-    assert res is not None
-    x, s = res
-    ref_w, ref_s = ref_fp8_blocks(ref_q8_0_values(raw, 64, 128), (32, 32), "ue8m0")
-    np.testing.assert_array_equal(x.to(torch.float8_e4m3fn).view(torch.uint8).numpy(), ref_w)
-    np.testing.assert_array_equal(s, ref_s)
-    raw[5, 0:2] = np.array([np.inf], dtype=np.float16).view(np.uint8)
-    assert cv._fp8_chunk_q8_ue8m0(d, q, (32, 32)) is None
-
-
 @pytest.mark.parametrize("nonfinite", [False, True])
 def test_q8_0_to_bf16_equals_reference(tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
                                        nonfinite: bool) -> None:
     n, k = 70, 96
     monkeypatch.setattr(cv, "_CHUNK_BYTES", 4 * k * 16)
+    monkeypatch.setattr(cv, "_TILE_VALUES", k * 3)
+    monkeypatch.setenv("WINPORT_GGUF_THREADS", "2")
     raw = q8_0_blocks(rng, n * k // 32, nonfinite=nonfinite)
     ref = torch.from_numpy(ref_q8_0_values(raw, n, k)).to(torch.bfloat16)
     with _tensor_file(tmp_path, "Q8_0", (n, k), raw) as m:

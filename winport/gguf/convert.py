@@ -148,11 +148,13 @@ def _fp8_rows_parallel(src: Any, weight: Any, scale: Any, r0: int, r1: int, tile
     torch = _torch()
     bn, bk = block
     k = weight.shape[1]
-    tiles = [(a, c) for a in range(r0, r1, bn) for c in range(0, k, tile_cols)]
+    # Narrow tensors: several row blocks per tile, so per-call overheads stay small.
+    tile_rows = bn * max(1, _TILE_VALUES // (bn * min(k, tile_cols)))
+    tiles = [(a, c) for a in range(r0, r1, tile_rows) for c in range(0, k, tile_cols)]
 
     def work(i0: int, i1: int) -> None:
         for a, c in tiles[i0:i1]:
-            b, c1 = min(r1, a + bn), min(k, c + tile_cols)
+            b, c1 = min(r1, a + tile_rows), min(k, c + tile_cols)
             if isinstance(src, tuple):
                 d, q = src
                 x = _q8_0_values(d[a - r0 : b - r0, c // 32 : c1 // 32], q[a - r0 : b - r0, c // 32 : c1 // 32])
@@ -161,7 +163,7 @@ def _fp8_rows_parallel(src: Any, weight: Any, scale: Any, r0: int, r1: int, tile
                 x = src[a - r0 : b - r0, c:c1].clone()
             y, s = _fp8_chunk_general(x, block, scale_fmt)
             weight[a:b, c:c1] = y
-            scale[a // bn, c // bk : c // bk + s.shape[1]] = torch.from_numpy(s[0])
+            scale[a // bn : a // bn + s.shape[0], c // bk : c // bk + s.shape[1]] = torch.from_numpy(s)
 
     parallel_chunks(len(tiles), 1, work)
 
