@@ -258,9 +258,15 @@ def kernels_only(lm, read_gbs: float) -> None:  # noqa: ANN001
             times.append(time.perf_counter() - t0)
         return min(times)
 
+    # The slow references of tests/gguf/test_fast_convert.py (the loader's previous numpy code),
+    # timed in the same run: a speedup ratio that the machine's load cannot skew much.
+    from tests.gguf.test_fast_convert import ref_fp8_blocks, ref_mxfp4_to_kt, ref_q8_0_values
+
     t = best(lambda: gguf_mxfp4_into(ex.raw(), packed, scales))
+    t_ref = best(lambda: ref_mxfp4_to_kt(ex.raw(), e * n, k))
     print(f"kernel only, MXFP4 -> kt repack ({ex.name}, {ex.nbytes / 1e6:.0f} MB): {ex.nbytes / t / 1e9:.2f} GB/s "
-          f"({ex.nbytes / t / 1e9 / read_gbs * 100:.0f}% of sequential read)")
+          f"({ex.nbytes / t / 1e9 / read_gbs * 100:.0f}% of sequential read); slow reference "
+          f"{ex.nbytes / t_ref / 1e9:.2f} GB/s: {t_ref / t:.1f}x")
     rows, cols = q8.shape
     bn, bk = lm.fp8_block
     weight = torch.ones((rows, cols), dtype=torch.float8_e4m3fn)
@@ -268,8 +274,10 @@ def kernels_only(lm, read_gbs: float) -> None:  # noqa: ANN001
     tile_cols = max(bk, (cv._TILE_VALUES // bn) // bk * bk)
     t = best(lambda: cv._fp8_rows_parallel(cv._q8_0_rows(q8, 0, rows), weight, scale, 0, rows, tile_cols,
                                            lm.fp8_block, lm.scale_fmt))
+    t_ref = best(lambda: ref_fp8_blocks(ref_q8_0_values(q8.raw(), rows, cols), lm.fp8_block, lm.scale_fmt))
     print(f"kernel only, Q8_0 -> FP8 {list(lm.fp8_block)} blocks ({q8.name}, {q8.nbytes / 1e6:.0f} MB): "
-          f"{q8.nbytes / t / 1e9:.2f} GB/s ({q8.nbytes / t / 1e9 / read_gbs * 100:.0f}% of sequential read)")
+          f"{q8.nbytes / t / 1e9:.2f} GB/s ({q8.nbytes / t / 1e9 / read_gbs * 100:.0f}% of sequential read); "
+          f"slow reference {q8.nbytes / t_ref / 1e9:.2f} GB/s: {t_ref / t:.1f}x")
 
 
 if __name__ == "__main__":
