@@ -15,21 +15,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", choices=["v4", "v41"], default="v4")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rebuild even when a current copy exists")
+    ap.add_argument("--bf16", action="store_true",
+                    help="write plain bf16 weights (the same values) instead of DeepSeek's FP8 dense + MXFP4 experts")
     ap.add_argument("--gguf", type=Path, default=None, metavar="OUT",
                     help="also write the model as a GGUF file (llama.cpp deepseek4 names) at OUT")
     ap.add_argument("--q8-0", action="store_true", help="with --gguf: store dense linear weights as Q8_0")
     args = ap.parse_args(argv)
-    out = args.out or default_dir(args.variant)
+    quantized = False if args.bf16 else None  # None: the variant's default (V4: FP8 + MXFP4)
+    out = args.out or default_dir(args.variant, quantized)
     if args.gguf is not None:
         from winport.gguf.export import export_demo_gguf
 
-        if args.force or args.seed != 0 or not is_current(out, args.variant):
-            build_demo(out, args.variant, args.seed)
+        if args.force or args.seed != 0 or not is_current(out, args.variant, quantized):
+            build_demo(out, args.variant, args.seed, quantized=quantized)
         path = export_demo_gguf(args.gguf, dense_q8_0=args.q8_0, folder=out)
         print(f"winport demo-model: wrote {path}")
         return 0
-    if not args.force and args.seed == 0 and is_current(out, args.variant):
+    if not args.force and args.seed == 0 and is_current(out, args.variant, quantized):
         print(f"winport demo-model: {out} is current")
         return 0
-    build_demo(out, args.variant, args.seed)
+    build_demo(out, args.variant, args.seed, quantized=quantized)
     return 0
