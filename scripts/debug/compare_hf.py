@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import urllib.request
+from pathlib import Path
 
 import torch
 
-from winport.demo.reference import add_fp8_kv
+from winport.demo.reference import add_fp8_kv, dequantized_copy
 
 PROMPTS = (
     "hello world windows linux deepseek flash attention sparse memory",
@@ -80,7 +82,11 @@ def main() -> None:
     from transformers import AutoTokenizer, DeepseekV4ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(args.model)
-    model = DeepseekV4ForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype),
+    source = Path(args.model)
+    if "quantization_config" in json.loads((source / "config.json").read_text()):
+        # FP8 + MXFP4 demo: transformers reads its exact bf16 dequantization
+        source = dequantized_copy(source, Path(tempfile.mkdtemp(prefix="winport-ref-")))
+    model = DeepseekV4ForCausalLM.from_pretrained(str(source), dtype=getattr(torch, args.dtype),
                                                   attn_implementation="eager").eval()
     if args.fp8_kv:
         print(f"reference: FP8 KV round trip on {add_fp8_kv(model)} KV norms", flush=True)

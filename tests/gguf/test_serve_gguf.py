@@ -44,7 +44,8 @@ TEXTS = [
 def demo_dir() -> Path:
     from winport.demo.build import ensure_demo
 
-    return ensure_demo("v4", CACHE / "demo-v4")
+    # the bf16 form of the demo (GGUF export takes plain weights; see winport.demo.build)
+    return ensure_demo("v4", CACHE / "demo-v4-bf16", quantized=False)
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +227,7 @@ def test_gguf_server_equals_safetensors_server(demo_dir: Path, bf16_gguf: Path) 
             "return_logprob": True, "logprob_start_len": 0}
     from_gguf, log = _serve_and_ask(["--model", str(bf16_gguf)], body)
     assert "winport gguf: converted into" in log
-    from_st, _ = _serve_and_ask(["--demo"], body)
+    from_st, _ = _serve_and_ask(["--model", str(demo_dir)], body)
 
     def out_ids(r: dict[str, Any]) -> list[int]:
         return r.get("output_ids") or [t[1] for t in r["meta_info"]["output_token_logprobs"]]

@@ -297,7 +297,8 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     """The demo model (built or cached by winport.demo.build) as a GGUF at ``out_path``."""
     from winport.demo.build import ensure_demo
 
-    src = ensure_demo("v4", Path(folder) if folder else None)
+    # The plain bf16 form (the same values as the FP8 + MXFP4 demo): GGUF has no FP8 block type.
+    src = ensure_demo("v4", Path(folder) if folder else None, quantized=False)
     return checkpoint_to_gguf(src, out_path, name="winport-demo-v4" + ("-Q8_0" if dense_q8_0 else "-BF16"),
                               dense_q8_0=dense_q8_0)
 
