@@ -257,3 +257,23 @@ def test_cpu_mxfp4_moe_equals_float64(gen: torch.Generator, limit: float | None)
     if limit is not None:  # the clamp does something at this scale: without it the answer differs
         unclamped = _moe_reference(x, experts, weights, ids, None)
         assert (unclamped - ref).abs().max() / ref.abs().max() > 0.05
+
+
+def test_cpu_fp8_layer_preparation(gen: torch.Generator) -> None:
+    """What the load hook leaves on a layer: the FP8 parameter untouched, its bf16 value, the linear."""
+    import types
+
+    from winport.patches.cpu_fp8_block_linear import block_fp8_linear_w8a16, prepare_layer
+
+    q, s = qz.quantize_fp8_block(torch.randn(256, 128, generator=gen), (128, 128))
+    layer = types.SimpleNamespace(weight=torch.nn.Parameter(q.clone(), requires_grad=False),
+                                  weight_scale_inv=torch.nn.Parameter(s.float(), requires_grad=False))
+    method = types.SimpleNamespace(weight_block_size=[128, 128], use_mxfp8=False, convert_mxfp8_to_block=False,
+                                   w8a8_block_fp8_linear=None)
+    prepare_layer(method, layer)
+    assert method.w8a8_block_fp8_linear is block_fp8_linear_w8a16
+    assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(layer._block_fp8_bf16_weight.float(), qz.dequantize_fp8_block(q, s))
+    method.use_mxfp8 = True
+    with pytest.raises(NotImplementedError, match="MXFP8"):
+        prepare_layer(method, layer)
