@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
+import gguf.quants as gq
 import numpy as np
 import pytest
 import torch
@@ -44,6 +46,9 @@ def _tokens() -> dict:
 def draft_tensors(rng: np.random.Generator) -> dict:
     """Two DSpark stages: V4.1 decoder-layer tensors + main projection (3 target layers), norms, Markov head."""
     layer = {k: v for k, v in tiny_v41_tensors(rng, n_layers=2).items() if k.startswith("blk.") and "engram" not in k}
+    # The draft is Q8_0 throughout, its routed experts too.
+    x = (rng.standard_normal((4, H, 32)) * 0.05).astype(np.float32)
+    layer["blk.1.ffn_down_exps.weight"] = ("Q8_0", gq.quantize(x, gguf.GGMLQuantizationType.Q8_0))
     layer.update({
         "blk.0.dspark_main_proj.weight": _q8(rng, H, 3 * H),
         "blk.0.dspark_main_norm.weight": _f32(rng, H),
@@ -110,6 +115,13 @@ def test_sidecars_found_next_to_model_are_bundled(model_dir: tuple[Path, dict, d
     mtp = sorted(k for k in w if k.startswith("mtp."))
     assert "mtp.0.main_proj.weight" in mtp and "mtp.0.main_norm.weight" in mtp and "mtp.1.norm.weight" in mtp
     assert "mtp.0.ffn.experts.3.w2.weight" in mtp and "mtp.1.attn.wq_a.weight" in mtp
+    q8_experts = dt["blk.1.ffn_down_exps.weight"][1]
+    for e in range(4):  # Q8_0 experts -> bf16 of gguf-py's dequantization
+        ref = gq.dequantize(q8_experts[e], gguf.GGMLQuantizationType.Q8_0)
+        got = w[f"mtp.1.ffn.experts.{e}.w2.weight"]
+        assert got.dtype == torch.bfloat16
+        np.testing.assert_array_equal(got.view(torch.int16).numpy(),
+                                      torch.from_numpy(ref).to(torch.bfloat16).view(torch.int16).numpy())
     np.testing.assert_array_equal(_bits(w["mtp.1.markov_head.embed.weight"]),
                                   dt["blk.1.dspark_markov_embd.weight"][1].view(np.uint8).reshape(-1))
     ref = open_gguf(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf")["blk.0.dspark_main_proj.weight"].dequantize()

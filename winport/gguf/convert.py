@@ -658,8 +658,14 @@ def _stream(
                     n = t.shape[1]
                     for e in range(e_count):
                         if expert_filter is None or expert_filter(m.layer or 0, e):
-                            x = _rows_dequant(t, e * n, (e + 1) * n)
-                            yield target.replace("{E}", str(e)) + ".weight", torch.from_numpy(x).to(torch.bfloat16)
+                            if t.type.name == "Q8_0":  # e.g. the DSpark draft's experts: torch path
+                                out = torch.empty((n, t.shape[2]), dtype=torch.bfloat16)
+                                _bf16_rows_parallel(*_q8_0_rows(t, e * n, (e + 1) * n), out,
+                                                    max(1, _TILE_VALUES // t.shape[2]))
+                            else:
+                                out = torch.from_numpy(_rows_dequant(t, e * n, (e + 1) * n)).to(torch.bfloat16)
+                            yield target.replace("{E}", str(e)) + ".weight", out
+                        _release_rows(t, e * n, (e + 1) * n)
                     t.release()
             bar.update(t.nbytes)
     finally:
