@@ -2,8 +2,13 @@
 
 bitmask is int32 [B, ceil(V/32)]; bit j of word w allows token 32*w + j, a cleared bit sets the
 logit to -inf. `indices` optionally selects the rows to mask; as in xgrammar, row i of the logits
-uses row i of the bitmask (both indexed by the selected row id). One program
-per (row, vocab block): a streaming kernel over the logits.
+uses row i of the bitmask (both indexed by the selected row id).
+
+One program per (row, WORDS mask words = 32*WORDS logits): each mask word is loaded once and
+expanded to a [WORDS, 32] tile of bits in registers. FULL=True reads the logits and writes the whole
+tile back (vectorized loads and stores); FULL=False only stores -inf where a bit is clear (no logit
+read, but per-element predicated stores that leave partial sectors, which HBM with ECC must
+read-modify-write). Both are exact; the benchmark sweep picks the faster default.
 """
 
 from __future__ import annotations
@@ -12,35 +17,50 @@ import torch
 import triton
 import triton.language as tl
 
+# Defaults chosen from the H200 sweep (scripts/bench/ops.py --sweep): (WORDS, FULL, num_warps).
+BITMASK_CONFIG = (128, True, 4)
+
 
 @triton.jit
 def _bitmask_kernel(logits_ptr, mask_ptr, idx_ptr, vocab, n_words, logits_stride, mask_stride,
-                    HAS_IDX: tl.constexpr, BLOCK: tl.constexpr):
+                    HAS_IDX: tl.constexpr, WORDS: tl.constexpr, FULL: tl.constexpr):
     r = tl.program_id(0)
     if HAS_IDX:
         row = tl.load(idx_ptr + r).to(tl.int64)
     else:
         row = r.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = cols < vocab
-    words = tl.load(mask_ptr + row * mask_stride + cols // 32, mask=m & (cols // 32 < n_words),
-                    other=-1)
-    allowed = ((words >> (cols % 32)) & 1) != 0
-    tl.store(logits_ptr + row * logits_stride + cols, float("-inf"), mask=m & (~allowed))
+    w = tl.program_id(1) * WORDS + tl.arange(0, WORDS)
+    words = tl.load(mask_ptr + row * mask_stride + w, mask=w < n_words, other=-1)
+    b = tl.arange(0, 32)
+    cols = w[:, None] * 32 + b[None, :]
+    m = cols < vocab  # vocab <= 32 * n_words, so every column in range has its word
+    allowed = ((words[:, None] >> b[None, :]) & 1) != 0
+    ptr = logits_ptr + row * logits_stride + cols
+    if FULL:
+        x = tl.load(ptr, mask=m, other=0.0)
+        # Through fp32 (exact for fp16/bf16 logits): the interpreter has no bf16 constants.
+        tl.store(ptr, tl.where(allowed, x.to(tl.float32), float("-inf")).to(x.dtype), mask=m)
+    else:
+        tl.store(ptr, float("-inf"), mask=m & (~allowed))
 
 
-def bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None) -> None:
-    """In place on logits [B, V] (or [V])."""
+def bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None,
+                   config: tuple[int, bool, int] | None = None) -> None:
+    """In place on logits [B, V] (or [V]).
+
+    config = (WORDS mask words per program, FULL, num_warps) overrides BITMASK_CONFIG (benchmarks, tests)."""
     lg = logits.view(1, -1) if logits.dim() == 1 else logits
     bm = bitmask.view(1, -1) if bitmask.dim() == 1 else bitmask
+    if lg.stride(-1) != 1 or bm.stride(-1) != 1:
+        raise ValueError("bitmask_triton: logits and bitmask need unit stride over the vocab")
     n_rows = indices.numel() if indices is not None else lg.shape[0]
     if n_rows == 0:
         return
     vocab = min(lg.shape[1], bm.shape[1] * 32)
-    block = 1024
-    _bitmask_kernel[(n_rows, triton.cdiv(vocab, block))](lg, bm, indices if indices is not None else bm,
-                                                        vocab, bm.shape[1], lg.stride(0), bm.stride(0),
-                                                        HAS_IDX=indices is not None, BLOCK=block)
+    words, full, warps = config or BITMASK_CONFIG
+    _bitmask_kernel[(n_rows, triton.cdiv(triton.cdiv(vocab, 32), words))](
+        lg, bm, indices if indices is not None else bm, vocab, bm.shape[1], lg.stride(0), bm.stride(0),
+        HAS_IDX=indices is not None, WORDS=words, FULL=bool(full), num_warps=warps)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

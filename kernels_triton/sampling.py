@@ -12,10 +12,13 @@ check support and distribution, as upstream's do.
 
 Filtering and sampling are torch on every device (a sort + cumsum per row: a few launches on a
 [batch, 129280] fp32 tensor, small next to the LM head that produced it). Softmax with a per-row
-temperature has a Triton kernel (two streaming passes per row), used by DSpark's accept step.
+temperature has a Triton kernel (rows split over all SMs: a statistics pass and a normalizing pass),
+used by DSpark's accept step.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -23,43 +26,115 @@ import triton.language as tl
 
 
 @triton.jit
-def _softmax_kernel(x_ptr, t_ptr, out_ptr, n_cols, x_stride, out_stride, temp_scalar,
-                    HAS_T: tl.constexpr, BLOCK: tl.constexpr):
+def _softmax_stats_kernel(x_ptr, t_ptr, m_ptr, l_ptr, n_cols, x_stride, chunk, n_splits, temp_scalar,
+                          HAS_T: tl.constexpr, BLOCK: tl.constexpr, KEEP_L2: tl.constexpr):
+    # Pass 1, one program per (row, split): running max and sum of exp over the split's columns.
     row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
     if HAS_T:
         inv_t = 1.0 / tl.load(t_ptr + row).to(tl.float32)
     else:
         inv_t = 1.0 / temp_scalar
     m = tl.full([BLOCK], float("-inf"), tl.float32)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * x_stride + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32)
-        x = x * inv_t
+    lo = split * chunk
+    for start in range(0, chunk, BLOCK):
+        cols = lo + start + tl.arange(0, BLOCK)
+        if KEEP_L2:
+            # Ask L2 to keep the logits: pass 2 reads them again right away.
+            x = tl.load(x_ptr + row * x_stride + cols, mask=cols < n_cols, other=float("-inf"),
+                        eviction_policy="evict_last")
+        else:
+            x = tl.load(x_ptr + row * x_stride + cols, mask=cols < n_cols, other=float("-inf"))
+        x = x.to(tl.float32) * inv_t
         new_m = tl.maximum(m, x)
+        # A lane that has only seen -inf keeps acc 0 (exp(-inf - 0)), never exp(nan).
         new_m_safe = tl.where(new_m == float("-inf"), 0.0, new_m)
         acc = acc * tl.exp(m - new_m_safe) + tl.exp(x - new_m_safe)
         m = new_m
-    row_m = tl.max(m, axis=0)
-    row_sum = tl.sum(acc * tl.exp(m - row_m), axis=0)
-    for start in range(0, n_cols, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
+    split_m = tl.max(m, axis=0)
+    split_m_safe = tl.where(split_m == float("-inf"), 0.0, split_m)
+    tl.store(m_ptr + row * n_splits + split, split_m)
+    tl.store(l_ptr + row * n_splits + split, tl.sum(acc * tl.exp(m - split_m_safe), axis=0))
+
+
+@triton.jit
+def _softmax_norm_kernel(x_ptr, t_ptr, m_ptr, l_ptr, out_ptr, n_rows, n_cols, x_stride, out_stride, chunk,
+                         n_splits, temp_scalar, HAS_T: tl.constexpr, BLOCK: tl.constexpr,
+                         SBLOCK: tl.constexpr, KEEP_L2: tl.constexpr):
+    # Pass 2, one program per (row, split): combine the row's split statistics, then write
+    # exp(x / t - max) / sum over the split. Programs run in the reverse order of pass 1 so the
+    # splits read last by pass 1 (the likeliest to still sit in L2) are read again first.
+    row = (n_rows - 1 - tl.program_id(0)).to(tl.int64)
+    split = n_splits - 1 - tl.program_id(1)
+    if HAS_T:
+        inv_t = 1.0 / tl.load(t_ptr + row).to(tl.float32)
+    else:
+        inv_t = 1.0 / temp_scalar
+    si = tl.arange(0, SBLOCK)
+    sm = si < n_splits
+    ms = tl.load(m_ptr + row * n_splits + si, mask=sm, other=float("-inf"))
+    ls = tl.load(l_ptr + row * n_splits + si, mask=sm, other=0.0)
+    row_m = tl.max(ms, axis=0)
+    row_sum = tl.sum(ls * tl.exp(ms - row_m), axis=0)
+    inv_sum = 1.0 / row_sum
+    lo = split * chunk
+    for start in range(0, chunk, BLOCK):
+        cols = lo + start + tl.arange(0, BLOCK)
         cm = cols < n_cols
-        x = tl.load(x_ptr + row * x_stride + cols, mask=cm, other=float("-inf")).to(tl.float32) * inv_t
-        tl.store(out_ptr + row * out_stride + cols, tl.exp(x - row_m) / row_sum, mask=cm)
+        if KEEP_L2:
+            # Last use of the logits, and the output is not read here: both may leave L2 first.
+            x = tl.load(x_ptr + row * x_stride + cols, mask=cm, other=float("-inf"), eviction_policy="evict_first")
+            tl.store(out_ptr + row * out_stride + cols, tl.exp(x.to(tl.float32) * inv_t - row_m) * inv_sum, mask=cm,
+                     eviction_policy="evict_first")
+        else:
+            x = tl.load(x_ptr + row * x_stride + cols, mask=cm, other=float("-inf"))
+            tl.store(out_ptr + row * out_stride + cols, tl.exp(x.to(tl.float32) * inv_t - row_m) * inv_sum, mask=cm)
 
 
-def softmax_triton(logits: torch.Tensor, temperature: torch.Tensor | float | None, out: torch.Tensor) -> None:
-    """fp32 softmax(logits / temperature) per row into out."""
+@functools.cache
+def _sm_count(index: int) -> int:
+    # Cached: the softmax shim runs per decode step, outside CUDA graphs too.
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def softmax_config(b: int, v: int, device: torch.device) -> tuple[int, int, int, bool]:
+    """Default (splits per row, BLOCK, num_warps, KEEP_L2), from the H200 sweep (scripts/bench/ops.py
+    --sweep): split rows so that every SM gets ~16 programs of 4 warps. KEEP_L2 (eviction hints) is
+    off: it is correct on the H200 but its speed has not been measured yet (the sweep times both)."""
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if device.type == "cuda" else 8
+    block = min(2048, triton.next_power_of_2(v))
+    return max(1, min(triton.cdiv(16 * sms, b), triton.cdiv(v, block))), block, 4, False
+
+
+def softmax_triton(logits: torch.Tensor, temperature: torch.Tensor | float | None, out: torch.Tensor,
+                   config: tuple[int, int, int, bool] | None = None) -> None:
+    """fp32 softmax(logits / temperature) per row into out.
+
+    Each row is cut into `splits` column ranges (a multiple of BLOCK wide) so that a small batch of
+    long rows still spreads over every SM: pass 1 writes (max, sum of exp) per split, pass 2 combines
+    them and writes the normalized output (KEEP_L2: L2 eviction hints so that pass 2 finds the logits
+    in L2). config = (splits, BLOCK, num_warps, KEEP_L2) overrides softmax_config (benchmarks, tests)."""
     b, v = logits.shape
     if b == 0:
         return
-    assert logits.stride(1) == 1 and out.stride(1) == 1
+    if logits.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError("softmax_triton: logits and out need unit stride over the vocab")
     has_t = isinstance(temperature, torch.Tensor)
-    t_arg = temperature.float().contiguous() if has_t else logits
+    t_arg = temperature.float().reshape(-1).expand(b).contiguous() if has_t else logits
     scalar = float(temperature) if (temperature is not None and not has_t) else 1.0
-    _softmax_kernel[(b,)](logits, t_arg, out, v, logits.stride(0), out.stride(0), scalar, HAS_T=has_t,
-                          BLOCK=min(4096, triton.next_power_of_2(v)))
+    splits, block, warps, keep_l2 = config or softmax_config(b, v, logits.device)
+    chunk = triton.cdiv(triton.cdiv(v, splits), block) * block
+    splits = triton.cdiv(v, chunk)  # no empty split
+    m = torch.empty(b, splits, dtype=torch.float32, device=logits.device)
+    l_ = torch.empty_like(m)
+    _softmax_stats_kernel[(b, splits)](logits, t_arg, m, l_, v, logits.stride(0), chunk, splits, scalar,
+                                       HAS_T=has_t, BLOCK=block, KEEP_L2=bool(keep_l2), num_warps=warps)
+    _softmax_norm_kernel[(b, splits)](logits, t_arg, m, l_, out, b, v, logits.stride(0), out.stride(0), chunk,
+                                      splits, scalar, HAS_T=has_t, BLOCK=block,
+                                      SBLOCK=triton.next_power_of_2(splits), KEEP_L2=bool(keep_l2),
+                                      num_warps=warps)
 
 
 def softmax_ref(logits: torch.Tensor, temperature: torch.Tensor | float | None) -> torch.Tensor:

@@ -203,6 +203,11 @@ def biased_topk(gating_output: torch.Tensor, correction_bias: torch.Tensor, topk
                 renormalize: bool = True, routed_scaling_factor: float = 1.0,
                 apply_routed_scaling_factor_on_output: bool = False) -> None:
     """Replaces sgl_kernel.biased_topk: ungrouped biased top-k (sigmoid / sqrtsoftplus), in place."""
+    if not num_fused_shared_experts:
+        # Straight into the caller's buffers: no temporaries and copies (this runs once per MoE layer).
+        scale = routed_scaling_factor if apply_routed_scaling_factor_on_output else 1.0
+        _route(gating_output, correction_bias, topk_weights, topk_ids, topk, scoring_func, renormalize, scale)
+        return
     w, ids = moe_fused_gate(gating_output, correction_bias, 1, 1, topk, renormalize, scoring_func,
                             num_fused_shared_experts, routed_scaling_factor, apply_routed_scaling_factor_on_output)
     topk_weights.copy_(w)

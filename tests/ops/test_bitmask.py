@@ -36,6 +36,20 @@ def test_bitmask(path: str, vocab: int, use_idx: bool) -> None:
     assert torch.isinf(logits).any() and not torch.isinf(logits).all()
 
 
+@pytest.mark.parametrize("config", [(4, True, 1), (4, False, 1), (16, True, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bitmask_triton_tiles(config: tuple[int, bool, int], dtype: torch.dtype) -> None:
+    """Both store variants, tiles of 4 or 16 words with a ragged last tile (1000 tokens = 31.25
+    words), bf16 logits, and a mask wider than the logits (extra words are ignored)."""
+    b, vocab = 3, 1000
+    logits = torch.randn(b, vocab).to(dtype)
+    mask = torch.randint(-(2**31), 2**31 - 1, (b, 33), dtype=torch.int32)
+    exp = _expected(logits.float(), mask, list(range(b))).to(dtype)
+    bitmask.bitmask_triton(logits, mask, None, config=config)
+    torch.testing.assert_close(logits, exp)
+    assert torch.isinf(logits).any() and not torch.isinf(logits).all()
+
+
 @pytest.mark.gpu
 def test_bitmask_gpu() -> None:
     logits = torch.randn(64, 129280, device="cuda")

@@ -50,6 +50,25 @@ def test_rope(path: str, neox: bool, hs: int, rot: int) -> None:
     torch.testing.assert_close(k.float(), k_exp, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("config", [(2, 4, 4), (1, 2, 1)])
+def test_rope_triton_tiles(neox: bool, config: tuple[int, int, int]) -> None:
+    """Several tokens and heads per program with ragged edges: 5 tokens, 5 q + 2 k heads (tiles of 2x4
+    and 1x2), partial rotary (48 of 80 dims: half 24 pads to 32), and key=None."""
+    n, hq, hk, hs, rot = 5, 5, 2, 80, 48
+    pos = torch.randint(0, 60, (n,))
+    cache = _cache(64, rot)
+    q = torch.randn(n, hq * hs, dtype=torch.bfloat16)
+    k = torch.randn(n, hk * hs, dtype=torch.bfloat16)
+    q_exp, k_exp = _native(pos, q, hs, cache, neox), _native(pos, k, hs, cache, neox)
+    q2 = q.clone()
+    rotary.rope_triton(pos, q, k, hs, cache, neox, config=config)
+    torch.testing.assert_close(q.float(), q_exp, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(k.float(), k_exp, rtol=1e-2, atol=1e-2)
+    rotary.rope_triton(pos, q2, None, hs, cache, neox, config=config)
+    torch.testing.assert_close(q2, q)
+
+
 def test_rope_flashinfer_alias_and_errors() -> None:
     assert flashinfer.rope.apply_rope_with_cos_sin_cache_inplace is sgl_kernel.apply_rope_with_cos_sin_cache_inplace
     with pytest.raises(ValueError):

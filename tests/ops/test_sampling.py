@@ -91,6 +91,24 @@ def test_softmax_temperature(path: str) -> None:
     assert_no_nan_close(fs.softmax(x, 2.0), torch.softmax(x / 2.0, -1), 1e-3, 1e-6)
 
 
+@pytest.mark.parametrize("config", [(3, 256, 4, True), (8, 64, 1, False)])
+def test_softmax_triton_split_rows(config: tuple[int, int, int, bool]) -> None:
+    """Rows split over several programs (3 splits of 1792 with a ragged last one; 8 splits of 640),
+    with and without the L2 eviction hints,
+    per-row and scalar temperature, and a row whose first split is all -inf (masked tokens, as after
+    a grammar bitmask): that split's sum is 0 and must not turn into NaN."""
+    x = torch.randn(3, 5000) * 4
+    x[1, :2000] = float("-inf")
+    x[2, 4990:] = float("-inf")
+    t = torch.tensor([0.5, 1.0, 2.0])
+    out = poisoned(3, 5000)
+    sampling.softmax_triton(x, t, out, config=config)
+    assert_no_nan_close(out, torch.softmax(x / t[:, None], -1), 1e-3, 1e-6)
+    out = poisoned(3, 5000)
+    sampling.softmax_triton(x, 0.7, out, config=config)
+    assert_no_nan_close(out, torch.softmax(x / 0.7, -1), 1e-3, 1e-6)
+
+
 @pytest.mark.gpu
 def test_sampling_gpu() -> None:
     x = torch.randn(64, 129280, device="cuda") * 3
