@@ -1,21 +1,40 @@
 # ruff: noqa: B023  (each timing lambda is called inside the loop iteration that defines it)
 """Benchmark of winport's sgl_kernel / flashinfer / FA3 shims on CUDA at DeepSeek-V4.1-Flash sizes.
 
-For each op and shape: max error vs the torch reference, time per call, achieved GB/s (bytes the op
-must move) and its share of the copy bandwidth measured in the same run (torch copy of 1 GiB).
-Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py
+For each op and shape: max error vs the torch reference, time per call (eager: back-to-back Python
+calls, which the launch path bounds for small ops; graph: replayed from a CUDA graph, the kernels'
+own time; cold: the graph time with L2 flushed before each call, since working sets under the
+50 MB L2 of an H100/H200 otherwise stay in L2 from one replay to the next), achieved GB/s (bytes the
+op must move, over the graph time) and its share of the copy bandwidth measured in the same run
+(torch copy of 1 GiB, which L2 cannot hold), for each timing.
+Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py [--sweep]
+--sweep first times block-size configs of the rope / routing / softmax / bitmask kernels at the
+prefill sizes (graph replay) and prints the best few of each next to the current default.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+import traceback
+from collections.abc import Callable
 
 import flashinfer.sampling as fs
 import sgl_kernel
 import torch
-from roofline import copy_bandwidth, cuda_time
+from roofline import copy_bandwidth, cuda_time, graph_time
 
-from kernels_triton import activation, flash_attn, merge_state, moe_routing, moe_sum, norm, rotary
+from kernels_triton import (
+    activation,
+    bitmask,
+    flash_attn,
+    merge_state,
+    moe_routing,
+    moe_sum,
+    norm,
+    rotary,
+    sampling,
+)
 
 
 def _err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -26,13 +45,29 @@ def main() -> None:
     dev = "cuda"
     copy_bw = copy_bandwidth() / 1e9
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {copy_bw:.0f} GB/s")
-    print("| op | shape | max err | time (us) | GB/s | % copy |\n|---|---|---|---|---|---|")
-    rows = []
+    if "--sweep" in sys.argv:
+        try:
+            sweep(copy_bw)
+        except Exception:  # the table below is still worth printing
+            traceback.print_exc()
+    print("| op | shape | max err | eager (us) | graph (us) | cold (us) | GB/s (graph) | % copy graph | % copy cold "
+          "| % copy eager |\n|---|---|---|---|---|---|---|---|---|---|")
 
-    def row(op: str, shape: str, err: float, secs: float, nbytes: float) -> None:
-        bw = nbytes / secs / 1e9
-        rows.append((op, shape, err, secs, bw))
-        print(f"| {op} | {shape} | {err:.2e} | {secs * 1e6:.1f} | {bw:.0f} | {100 * bw / copy_bw:.0f}% |")
+    def row(op: str, shape: str, err: float, fn: Callable[[], object], nbytes: float, iters: int = 50) -> None:
+        eager = cuda_time(fn, iters)
+        try:
+            graph = graph_time(fn, iters)
+        except Exception as e:  # an op that cannot be captured still gets its eager row
+            print(f"<!-- {op} {shape}: no CUDA graph ({type(e).__name__}: {e}) -->")
+            graph = float("nan")
+        cold = cold_time(fn, min(iters, 20)) if graph == graph else float("nan")
+        bw = nbytes / graph / 1e9
+
+        def pct(t: float) -> str:
+            return f"{100 * nbytes / t / 1e9 / copy_bw:.0f}%"
+
+        print(f"| {op} | {shape} | {err:.2e} | {eager * 1e6:.1f} | {graph * 1e6:.1f} | {cold * 1e6:.1f} | {bw:.0f} | "
+              f"{pct(graph)} | {pct(cold)} | {pct(eager)} |", flush=True)
 
     bf = torch.bfloat16
     for tokens in (1, 64, 8192):
@@ -40,23 +75,23 @@ def main() -> None:
         w = torch.randn(5120, dtype=bf, device=dev)
         out = torch.empty_like(x)
         err = _err(sgl_kernel.rmsnorm(x, w, 1e-6, out=out), norm.rmsnorm_ref(x, w, 1e-6))
-        row("rmsnorm", f"{tokens}x5120", err, cuda_time(lambda: sgl_kernel.rmsnorm(x, w, 1e-6, out=out)), 2 * x.nbytes)
+        row("rmsnorm", f"{tokens}x5120", err, lambda: sgl_kernel.rmsnorm(x, w, 1e-6, out=out), 2 * x.nbytes)
         r = torch.randn_like(x)
-        row("fused_add_rmsnorm", f"{tokens}x5120", 0.0, cuda_time(lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6)),
+        row("fused_add_rmsnorm", f"{tokens}x5120", 0.0, lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6),
             4 * x.nbytes)
         g = torch.randn(tokens * 6, 2 * 2304, dtype=bf, device=dev)
         o = torch.empty(tokens * 6, 2304, dtype=bf, device=dev)
         err = _err(sgl_kernel.silu_and_mul(g, o), activation.act_and_mul_ref(g, "silu"))
-        row("silu_and_mul", f"{tokens * 6}x4608", err, cuda_time(lambda: sgl_kernel.silu_and_mul_clamp(g, o, 10.0)),
+        row("silu_and_mul", f"{tokens * 6}x4608", err, lambda: sgl_kernel.silu_and_mul_clamp(g, o, 10.0),
             g.nbytes + o.nbytes)
         y = torch.randn(tokens, 6, 5120, dtype=bf, device=dev)
         err = _err(sgl_kernel.moe_sum_reduce(y, out, 1.5) or out, moe_sum.moe_sum_ref(y, 1.5))
-        row("moe_sum_reduce", f"{tokens}x6x5120", err, cuda_time(lambda: sgl_kernel.moe_sum_reduce(y, out, 1.5)),
+        row("moe_sum_reduce", f"{tokens}x6x5120", err, lambda: sgl_kernel.moe_sum_reduce(y, out, 1.5),
             y.nbytes + out.nbytes)
         q = torch.empty(tokens, 5120, dtype=torch.float8_e4m3fn, device=dev)
         s = torch.empty(tokens, 40, device=dev)
         row("per_token_group_quant_fp8", f"{tokens}x5120/128", 0.0,
-            cuda_time(lambda: sgl_kernel.sgl_per_token_group_quant_fp8(x, q, s, 128, 1e-10, -448.0, 448.0)),
+            lambda: sgl_kernel.sgl_per_token_group_quant_fp8(x, q, s, 128, 1e-10, -448.0, 448.0),
             x.nbytes + q.nbytes + s.nbytes)
         pos = torch.randint(0, 65536, (tokens,), device=dev)
         cache = torch.randn(65536, 64, device=dev)
@@ -65,7 +100,7 @@ def main() -> None:
         ref = rotary.rope_ref(pos, qr, 512, cache, False)
         sgl_kernel.apply_rope_with_cos_sin_cache_inplace(pos, qr, kr, 512, cache, False)
         row("rope (64 of 512 dims)", f"{tokens}x65 heads", _err(qr, ref),
-            cuda_time(lambda: sgl_kernel.apply_rope_with_cos_sin_cache_inplace(pos, qr, kr, 512, cache, False)),
+            lambda: sgl_kernel.apply_rope_with_cos_sin_cache_inplace(pos, qr, kr, 512, cache, False),
             2 * tokens * 65 * 64 * 2)
         lg = torch.randn(tokens, 384, device=dev)
         bias = torch.randn(384, device=dev) * 0.1
@@ -74,25 +109,25 @@ def main() -> None:
         sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True)
         rw, _ = moe_routing.routing_ref(lg, bias, 6, "sqrtsoftplus", True, 1.5)
         row("biased_topk sqrtsoftplus", f"{tokens}x384 top6", _err(tw.sort(-1).values, rw.sort(-1).values),
-            cuda_time(lambda: sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True)),
+            lambda: sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True),
             lg.nbytes + tw.nbytes + ti.nbytes)
         va, vb = torch.randn(tokens, 64, 512, dtype=bf, device=dev), torch.randn(tokens, 64, 512, dtype=bf, device=dev)
         sa, sb = torch.randn(tokens, 64, device=dev), torch.randn(tokens, 64, device=dev)
         vo, so = torch.empty_like(va), torch.empty_like(sa)
         err = _err(sgl_kernel.merge_state_v2(va, sa, vb, sb, vo, so)[0], merge_state.merge_state_ref(va, sa, vb, sb)[0])
-        row("merge_state_v2", f"{tokens}x64x512", err, cuda_time(lambda: sgl_kernel.merge_state_v2(va, sa, vb, sb, vo, so)),
+        row("merge_state_v2", f"{tokens}x64x512", err, lambda: sgl_kernel.merge_state_v2(va, sa, vb, sb, vo, so),
             3 * va.nbytes)
     for b in (1, 64):
         lg = torch.randn(b, 129280, device=dev)
         temp = torch.rand(b, device=dev) + 0.5
         err = _err(fs.softmax(lg, temp), torch.softmax(lg / temp[:, None], -1))
-        row("softmax(temperature)", f"{b}x129280", err, cuda_time(lambda: fs.softmax(lg, temp)), 2 * lg.nbytes)
+        row("softmax(temperature)", f"{b}x129280", err, lambda: fs.softmax(lg, temp), 2 * lg.nbytes)
         mask = torch.randint(-(2**31), 2**31 - 1, (b, 4040), dtype=torch.int32, device=dev)
         row("apply_token_bitmask", f"{b}x129280", 0.0,
-            cuda_time(lambda: sgl_kernel.apply_token_bitmask_inplace_cuda(lg, mask)), lg.nbytes + mask.nbytes)
+            lambda: sgl_kernel.apply_token_bitmask_inplace_cuda(lg, mask), lg.nbytes + mask.nbytes)
         p = torch.softmax(lg, -1)
         row("top_k_top_p_sampling (torch)", f"{b}x129280", 0.0,
-            cuda_time(lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"), 10), p.nbytes)
+            lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"), p.nbytes, 10)
     for n, hd in ((4096, 80), (16384, 128)):
         q = torch.randn(n, 16, hd, dtype=bf, device=dev)
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
@@ -106,6 +141,77 @@ def main() -> None:
         print(f"| flash_attn_varlen (vision, non-causal) | {n}x16x{hd} | {err:.2e} | {secs * 1e6:.1f} | "
               f"{flops / secs / 1e12:.1f} TFLOP/s | - |")
         del fa_out
+
+
+_FLUSH: list[torch.Tensor] = []
+
+
+def cold_time(fn: Callable[[], object], iters: int = 20) -> float:
+    """Graph-replay seconds of fn with L2 emptied first: time(read 256 MiB, fn) - time(read 256 MiB).
+
+    The read evicts whatever fn left in L2 (its dirty lines are written back then, and counted)."""
+    if not _FLUSH:
+        _FLUSH.append(torch.zeros(256 << 20, dtype=torch.uint8, device="cuda"))
+    buf = _FLUSH[0]
+    both = graph_time(lambda: (buf.max(), fn()), iters)
+    return max(both - graph_time(buf.max, iters), 1e-9)
+
+
+def _sweep_one(name: str, nbytes: float, copy_bw: float, default: tuple, configs: list[tuple],
+               run: Callable[[tuple], object]) -> None:
+    """Graph-time run(config) for each config; print the default and the best five (GB/s, % copy), and
+    the default's cold-L2 time."""
+    res = []
+    for cfg in dict.fromkeys([default, *configs]):
+        try:
+            run(cfg)
+            res.append((graph_time(lambda: run(cfg)), cfg))
+        except Exception as e:  # a config that does not compile (registers, shared memory) is skipped
+            print(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:80]}")
+    res.sort()
+    d = next(t for t, c in res if c == default)
+    print(f"sweep {name}: default {default} {d * 1e6:.1f} us ({100 * nbytes / d / 1e9 / copy_bw:.0f}% copy); best:")
+    for t, c in res[:5]:
+        print(f"  {c}: {t * 1e6:.1f} us, {nbytes / t / 1e9:.0f} GB/s, {100 * nbytes / t / 1e9 / copy_bw:.0f}% copy")
+    for c in dict.fromkeys([default, res[0][1]]):
+        t = cold_time(lambda: run(c))
+        print(f"  cold L2 {c}: {t * 1e6:.1f} us, {100 * nbytes / t / 1e9 / copy_bw:.0f}% copy", flush=True)
+
+
+def sweep(copy_bw: float) -> None:
+    """Block-size sweeps of the four kernels of issue 3's last run, at the prefill / batch sizes."""
+    dev, bf = "cuda", torch.bfloat16
+    n = 8192
+    pos = torch.randint(0, 65536, (n,), device=dev)
+    cache = torch.randn(65536, 64, device=dev)
+    qr = torch.randn(n, 64 * 512, dtype=bf, device=dev)
+    kr = torch.randn(n, 512, dtype=bf, device=dev)
+    rope_cfgs = [(1, 32, 4), (2, 32, 4), (1, 64, 4), (2, 64, 4), (1, 32, 8), (4, 16, 4), (1, 16, 4)]
+    _sweep_one("rope gptj", 2 * n * 65 * 64 * 2, copy_bw, rotary.rope_config(64, 64), rope_cfgs,
+               lambda c: rotary.rope_triton(pos, qr, kr, 512, cache, False, config=c))
+    _sweep_one("rope neox", 2 * n * 65 * 64 * 2, copy_bw, rotary.rope_config(64, 64), rope_cfgs[:3],
+               lambda c: rotary.rope_triton(pos, qr, kr, 512, cache, True, config=c))
+    lg = torch.randn(n, 384, device=dev)
+    bias = torch.randn(384, device=dev) * 0.1
+    tw = torch.empty(n, 6, device=dev)
+    ti = torch.empty(n, 6, dtype=torch.int32, device=dev)
+    _sweep_one("biased_topk", lg.nbytes + tw.nbytes + ti.nbytes, copy_bw, (moe_routing.routing_block_t(n, 384), 2),
+               [(2, 2), (8, 2), (8, 4), (16, 4), (2, 1), (4, 1)],
+               lambda c: moe_routing.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c))
+    x = torch.randn(64, 129280, device=dev)
+    temp = torch.rand(64, device=dev) + 0.5
+    out = torch.empty_like(x)
+    sm_cfgs = [(33, 2048, 4, True), (17, 4096, 8, True), (17, 4096, 8, False), (9, 2048, 4, True),
+               (66, 1024, 4, True)]
+    _sweep_one("softmax 64x129280", 2 * x.nbytes, copy_bw, sampling.softmax_config(64, 129280, x.device), sm_cfgs,
+               lambda c: sampling.softmax_triton(x, temp, out, config=c))
+    mask = torch.randint(-(2**31), 2**31 - 1, (64, 4040), dtype=torch.int32, device=dev)
+    bm_cfgs = [(256, True, 4), (128, True, 8), (64, True, 4), (256, True, 8), (128, False, 4)]
+    _sweep_one("bitmask 64x129280", x.nbytes + mask.nbytes, copy_bw, bitmask.BITMASK_CONFIG, bm_cfgs,
+               lambda c: bitmask.bitmask_triton(x, mask, None, config=c))
+    t_copy, t_cold = graph_time(lambda: out.copy_(x)), cold_time(lambda: out.copy_(x))
+    print(f"reference: copy of the 64x129280 fp32 logits {t_copy * 1e6:.1f} us ({2 * x.nbytes / t_copy / 1e9:.0f} GB/s), "
+          f"cold L2 {t_cold * 1e6:.1f} us; bitmask counts {x.nbytes + mask.nbytes} bytes", flush=True)
 
 
 def sgl_kernel_fa(q: torch.Tensor, cu: torch.Tensor, n: int) -> torch.Tensor:
