@@ -21,7 +21,9 @@ PATCHES: tuple[str, ...] = (
     "cpu_mxfp4_moe",
     "cpu_tp_dsv4_single_kv_head",
     "cpu_tp_embedding_eager",
+    "cpu_tp_thread_binding",
     "cpu_dsv4_rope_torch",
+    "cpu_dsv4_index_kernels_torch",
 )
 
 
