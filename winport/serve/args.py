@@ -30,8 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cap on the GPU memory the server takes, in GiB (translated into SGLang's static "
                          "memory fraction from the card's total; expert placement by budget is not built yet)")
     ap.add_argument("--context-length", type=int, default=None, help="maximum context length in tokens")
-    ap.add_argument("--draft-model", type=Path, default=None, help="DSpark draft GGUF (default: found next to the model)")
-    ap.add_argument("--mmproj", type=Path, default=None, help="vision projector GGUF (default: found next to the model)")
+    ap.add_argument("--draft-model", type=Path, default=None,
+                    help="DSpark draft GGUF (default: found next to the model); bundled into the converted "
+                         "checkpoint and used for speculative decoding on CUDA (SGLang runs DSpark on GPUs only)")
+    ap.add_argument("--mmproj", type=Path, default=None,
+                    help="vision projector GGUF (default: found next to the model); checked and converted, "
+                         "but images are not served yet (the server says why)")
     ap.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU experts (default: physical cores)")
     ap.add_argument("--max-running-requests", type=int, default=None,
                     help="how many requests run at once; more wait in a queue (default: SGLang's)")
