@@ -23,8 +23,16 @@ reproduces the CUDA JIT kernel the XPU branch replaces (the call sites in
   The mHC math lives in `kernels_triton.mhc` (torch reference + Triton); this module only adapts
   the XPU-route signatures to it.
 
-All functions are device-agnostic torch code; inputs on CUDA stay on CUDA (plans are built on the host
-and copied). Nothing here is fast: it is the CPU path and the semantic reference.
+All functions are device-agnostic torch code; inputs on CUDA stay on CUDA. Nothing here is fast: it is
+the CPU path and the semantic reference.
+
+CUDA graphs: every function SGLang calls in a decode forward (the decode planners, flash_compress*_decode,
+compress_norm_rope_store with is_decode, fused_k_norm_rope_flashmla, fused_q_norm_rope,
+fused_q_indexer_rope_hadamard_quant, the top-k transforms, the mHC adapters, fused_store_cache_*) is
+written without host syncs or data-dependent shapes, so it can be captured: rows that the kernel skips
+are computed anyway and masked out (`_select_rows`), and their scatter writes are redirected so that
+they change no memory (`_put` with `keep`). The prefill planners and flash_compress*_prefill compact
+their events on the host (prefill forwards are not captured for DeepSeek-V4).
 """
 
 from __future__ import annotations
@@ -96,6 +104,39 @@ def _dev_i64(t: torch.Tensor) -> torch.Tensor:
     """int64 on the tensor's own device: the decode planners are element-wise, so they stay on the
     GPU without a host round trip (one less sync per layer, and capturable in a CUDA graph)."""
     return t.detach().to(torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Graph-safe row masking (no host sync, no data-dependent shape)
+# ------------------------------------------------------------------------------------------------
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _select_rows(keep: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Row i of `new` where keep[i], else row i of `old`, bit for bit (selected on an integer view, so
+    NaN payloads and -0.0 in rows that are kept as they were come back unchanged)."""
+    it = _SAME_SIZE_INT[old.element_size()]
+    shape = (-1,) + (1,) * (old.dim() - 1)
+    out = torch.where(keep.view(shape), new.to(old.dtype).contiguous().view(it), old.contiguous().view(it))
+    return out.view(old.dtype)
+
+
+def _first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows 0..n-1 of `t` (n fixed by a shape, so no sync); rows past its end repeat the last row.
+
+    The repeated rows belong to masked-out rows only: a kept row past the end was an IndexError before.
+    """
+    if t.shape[0] >= n:
+        return t[:n]
+    return t[torch.arange(n, device=t.device).clamp(max=t.shape[0] - 1)]
+
+
+def _table_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """table[idx] with Python's wrap-around for -len <= idx < 0; other out-of-range indices (which only
+    masked-out rows may carry) are clamped instead of faulting."""
+    n = table.shape[0]
+    idx = idx.to(torch.int64)
+    return table[torch.where(idx < 0, idx + n, idx).clamp(0, n - 1)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -406,12 +447,15 @@ def flash_compress4_decode(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_o
     dev = kv_input.device
     seq, write, rp0, rp1 = (t.to(dev) for t in _decode_plan(plan_d))
     _write_state(kv_buffer, kv_input, write)
-    rows = torch.nonzero(seq % 4 == 0).flatten()
-    if rows.numel() == 0:
+    n = seq.shape[0]
+    if n == 0:
         return
-    full = torch.full_like(rows, 8)
-    kv, score = _c4_window(kv_buffer, kv_input, rows, rp0[rows], rp1[rows], full, seq[rows] > 4, hd)
-    kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
+    # Graph-safe: pool every row (the window reads are clamped in range) and keep the result only
+    # where the request compresses; the other output rows get their old bytes back.
+    rows = torch.arange(n, device=dev)
+    kv, score = _c4_window(kv_buffer, kv_input, rows, rp0, rp1, torch.full_like(rows, 8), seq > 4, hd)
+    out = kv_output[:n]
+    out.copy_(_select_rows(seq % 4 == 0, _gated_pool(kv, score, ape, kv_output.dtype), out))
 
 
 def flash_compress4_prefill(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
@@ -444,11 +488,14 @@ def flash_compress128_decode(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv
     dev = kv_input.device
     _, write, _, rp1 = (t.to(dev) for t in _decode_plan(plan_d))
     _write_state(kv_buffer, kv_input, write)
-    rows = torch.nonzero(_tmod(write, 128) == 127).flatten()
-    if rows.numel() == 0:
+    n = write.shape[0]
+    if n == 0:
         return
-    kv, score = _c128_window(kv_buffer, kv_input, rows, rp1[rows], torch.full_like(rows, 128), hd)
-    kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
+    # Graph-safe, as in flash_compress4_decode: pool all rows, keep those that filled their page.
+    rows = torch.arange(n, device=dev)
+    kv, score = _c128_window(kv_buffer, kv_input, rows, rp1, torch.full_like(rows, 128), hd)
+    out = kv_output[:n]
+    out.copy_(_select_rows(_tmod(write, 128) == 127, _gated_pool(kv, score, ape, kv_output.dtype), out))
 
 
 def flash_compress128_prefill(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
@@ -493,7 +540,8 @@ def _hadamard128(x: torch.Tensor) -> torch.Tensor:
         h = 1 << b
         v = y.reshape(-1, 128 // (2 * h), 2, h)
         y = torch.stack([v[:, :, 0] + v[:, :, 1], v[:, :, 0] - v[:, :, 1]], dim=2).reshape(-1, 128)
-    return (y * torch.rsqrt(torch.tensor(128.0, device=x.device))).reshape(shape)
+    # torch.full fills on the device (torch.tensor would copy from the host: not capturable).
+    return (y * torch.rsqrt(torch.full((), 128.0, device=x.device))).reshape(shape)
 
 
 def _ue8m0(x: torch.Tensor) -> torch.Tensor:
@@ -530,14 +578,30 @@ def _pages(kvcache: torch.Tensor, page_bytes: int) -> torch.Tensor:
     return u8
 
 
-def _put(pages: torch.Tensor, page: torch.Tensor, offset: torch.Tensor, data: torch.Tensor) -> None:
-    """pages[page[i], offset[i] + k] = data[i, k] for all k."""
+def _put(pages: torch.Tensor, page: torch.Tensor, offset: torch.Tensor, data: torch.Tensor,
+         keep: torch.Tensor | None = None) -> None:
+    """pages[page[i], offset[i] + k] = data[i, k] for all k; with `keep`, only rows with keep[i] change memory.
+
+    Masked-out rows still take part in the (fixed-shape) scatter, but their page/offset (possibly
+    garbage) are never used: they repeat the first kept row's write (same place, same bytes, so the
+    order of duplicate writes does not matter) or, when no row is kept, write the bytes already at
+    page 0, offset 0 back to where they are.
+    """
+    if keep is not None and data.shape[0]:
+        first = torch.argmax(keep.to(torch.int32)).view(1)  # first kept row (0 when none is)
+        any_keep = keep.any()
+        page_m = torch.where(any_keep, page.index_select(0, first), torch.zeros_like(first))
+        off_m = torch.where(any_keep, offset.index_select(0, first), torch.zeros_like(first))
+        data_m = torch.where(any_keep, data.index_select(0, first), pages[0, :data.shape[1]].unsqueeze(0))
+        page = torch.where(keep, page, page_m)
+        offset = torch.where(keep, offset, off_m)
+        data = torch.where(keep[:, None], data, data_m)
     cols = offset[:, None] + torch.arange(data.shape[1], device=pages.device)[None, :]
     pages[page[:, None].expand_as(cols), cols] = data
 
 
 def _store_v4(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor, freqs: torch.Tensor,
-              round_nope_bf16: bool) -> None:
+              round_nope_bf16: bool, keep: torch.Tensor | None = None) -> None:
     """Normalized fp32 rows [N, 512] -> V4 cache rows at `loc`: rope the tail, FP8-quantize the 448 nope dims.
 
     Each 64-wide tile gets a UE8M0 scale 2^ceil(log2(max(amax, 1e-4) / 448)). The compress store
@@ -551,17 +615,18 @@ def _store_v4(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torc
     q = _to_e4m3(tiles * _inv_ue8m0(e).unsqueeze(-1)).reshape(-1, V4_NOPE)
     rope = _rope_pairs(data[:, V4_NOPE:], freqs).to(torch.bfloat16).contiguous().view(torch.uint8)
     page, slot = loc // page_size, loc % page_size
-    _put(pages, page, slot * V4_DATA_BYTES, torch.cat([q, rope], dim=1))
-    _put(pages, page, page_size * V4_DATA_BYTES + slot * V4_SCALE_BYTES, e.to(torch.uint8))
+    _put(pages, page, slot * V4_DATA_BYTES, torch.cat([q, rope], dim=1), keep)
+    _put(pages, page, page_size * V4_DATA_BYTES + slot * V4_SCALE_BYTES, e.to(torch.uint8), keep)
 
 
-def _store_indexer_fp8(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor) -> None:
+def _store_indexer_fp8(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor,
+                       keep: torch.Tensor | None = None) -> None:
     """Hadamard-rotated fp32 rows [N, 128] -> FP8 indexer cache (128 e4m3 + fp32 scale amax/448)."""
     scale = torch.clamp(data.abs().amax(-1), min=QUANT_EPS) / FP8_MAX
     q = _to_e4m3(data * (1.0 / scale).unsqueeze(-1))
     page, slot = loc // page_size, loc % page_size
-    _put(pages, page, slot * 128, q)
-    _put(pages, page, page_size * 128 + slot * 4, scale.contiguous().view(torch.uint8).reshape(-1, 4))
+    _put(pages, page, slot * 128, q, keep)
+    _put(pages, page, page_size * 128 + slot * 4, scale.contiguous().view(torch.uint8).reshape(-1, 4), keep)
 
 
 def _quant_fp4_rows(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -573,11 +638,12 @@ def _quant_fp4_rows(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, e.to(torch.uint8)
 
 
-def _store_indexer_fp4(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor) -> None:
+def _store_indexer_fp4(pages: torch.Tensor, loc: torch.Tensor, page_size: int, data: torch.Tensor,
+                       keep: torch.Tensor | None = None) -> None:
     packed, e = _quant_fp4_rows(data)
     page, slot = loc // page_size, loc % page_size
-    _put(pages, page, slot * 64, packed)
-    _put(pages, page, page_size * 64 + slot * 4, e)
+    _put(pages, page, slot * 64, packed, keep)
+    _put(pages, page, page_size * 64 + slot * 4, e, keep)
 
 
 def compress_norm_rope_store(kv: torch.Tensor, plan: torch.Tensor, norm_weight: torch.Tensor, norm_eps: float,
@@ -599,27 +665,37 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: torch.Tensor, norm_weight: 
     if use_fp4 and hd != 128:
         raise ValueError("the FP4 store is the indexer's (head_dim 128)")
     dev = kv.device
+    keep = None
     if is_decode:
+        # Decode (captured in CUDA graphs): every batch row is computed and the rows that did not
+        # compress are masked out of the store (no host sync, fixed shapes).
         seq, _, _, _ = (t.to(dev) for t in _decode_plan(plan))
-        rows = torch.nonzero(seq % ratio == 0).flatten()
-        loc = out_loc[rows].to(torch.int64)
+        n = seq.shape[0]
+        if n == 0:
+            return
+        keep = seq % ratio == 0
+        loc = _first_rows(out_loc, n).to(torch.int64)
+        freqs = _table_rows(freqs_cis, seq - ratio).float()
+        data = _rms_norm(kv[:n], norm_weight.to(kv.dtype), norm_eps)
     else:
+        # Prefill only (SGLang captures no DeepSeek-V4 prefill graph): compact the valid plans.
         valid, seq, ragged, _, _, _ = (t.to(dev) for t in _compress_plan(plan))
         rows = torch.nonzero(valid).flatten()
+        if rows.numel() == 0:
+            return
         loc = out_loc[ragged[rows]].to(torch.int64)
-    if rows.numel() == 0:
-        return
-    freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
-    data = _rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
+        freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
+        data = _rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
     if hd == 512:
-        _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
+        _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True,
+                  keep=keep)
         return
     data = torch.cat([data[:, :ROPE_DIM], _rope_pairs(data[:, ROPE_DIM:], freqs)], dim=1)
     data = _hadamard128(data)
     if use_fp4:
-        _store_indexer_fp4(_pages(kvcache, INDEXER_FP4_BYTES * page_size), loc, page_size, data)
+        _store_indexer_fp4(_pages(kvcache, INDEXER_FP4_BYTES * page_size), loc, page_size, data, keep)
     else:
-        _store_indexer_fp8(_pages(kvcache, INDEXER_FP8_BYTES * page_size), loc, page_size, data)
+        _store_indexer_fp8(_pages(kvcache, INDEXER_FP8_BYTES * page_size), loc, page_size, data, keep)
 
 
 def fused_k_norm_rope_flashmla(kv: torch.Tensor, kv_weight: torch.Tensor, freqs_cis: torch.Tensor,
@@ -633,12 +709,14 @@ def fused_k_norm_rope_flashmla(kv: torch.Tensor, kv_weight: torch.Tensor, freqs_
     """
     page_size = int(page_size)
     loc = out_loc.to(torch.int64)
-    rows = torch.nonzero(loc >= 0).flatten()
-    if rows.numel() == 0:
+    n = loc.shape[0]
+    if n == 0:
         return
-    data = _rms_norm(kv[rows], kv_weight.to(kv.dtype), eps)
-    freqs = freqs_cis[positions[rows].to(torch.int64)].float()
-    _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc[rows], page_size, data, freqs, round_nope_bf16=False)
+    # Graph-safe: all rows are normalized and roped; rows with out_loc < 0 are masked out of the store.
+    data = _rms_norm(kv[:n], kv_weight.to(kv.dtype), eps)
+    freqs = _table_rows(freqs_cis, _first_rows(positions, n)).float()
+    _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=False,
+              keep=loc >= 0)
 
 
 def fused_q_norm_rope(q_input: torch.Tensor, q_output: torch.Tensor, freqs_cis: torch.Tensor,
@@ -670,7 +748,7 @@ def fused_q_indexer_rope_hadamard_quant(q_input: torch.Tensor, q_fp8: torch.Tens
     data = _hadamard128(data)
     scale = torch.clamp(data.abs().amax(-1), min=QUANT_EPS) / FP8_MAX  # [B, H]
     q_fp8.view(torch.uint8).copy_(_to_e4m3(data * (1.0 / scale).unsqueeze(-1)))
-    w = weight.float() * torch.tensor(float(weight_scale), dtype=torch.float32, device=weight.device)
+    w = weight.float() * torch.full((), float(weight_scale), dtype=torch.float32, device=weight.device)
     weights_out.copy_((w * scale).unsqueeze(-1))
 
 
@@ -687,6 +765,11 @@ def _select(keys: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
     """Column indices of the k largest valid keys per row (rows have more than k valid columns)."""
     keys = keys.masked_fill(~valid, torch.iinfo(torch.int64).min)
     return torch.topk(keys, min(k, keys.shape[1]), dim=1).indices
+
+
+def _pad_cols(idx: torch.Tensor, k: int) -> torch.Tensor:
+    """[R, c] -> [R, k] padded with -1 (c < k only when the score row is narrower than k)."""
+    return idx if idx.shape[1] >= k else torch.nn.functional.pad(idx, (0, k - idx.shape[1]), value=-1)
 
 
 def topk_transform(scores: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor,
@@ -706,13 +789,11 @@ def topk_transform(scores: torch.Tensor, seq_lens: torch.Tensor, page_table: tor
     dev = scores.device
     sl = seq_lens.to(torch.int64)
     cols = torch.arange(k, device=dev)
-    raw = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1).expand(b, k).clone()
-    big = sl > k
-    if bool(big.any()):
-        rows = torch.nonzero(big).flatten()
-        width = scores.shape[1]
-        valid = torch.arange(width, device=dev)[None, :] < sl[rows, None]
-        raw[rows] = _select(_order_key(scores[rows]), valid, k)
+    short = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1)
+    # Graph-safe: select in every row and keep the selection only in rows longer than k.
+    rows = _first_rows(scores, b)
+    valid = torch.arange(rows.shape[1], device=dev)[None, :] < sl[:, None]
+    raw = torch.where((sl > k)[:, None], _pad_cols(_select(_order_key(rows), valid, k), k), short)
     pt = page_table.to(torch.int64)
     page = pt.gather(1, (raw.clamp(min=0) >> bits).clamp(max=pt.shape[1] - 1))
     out = torch.where(raw >= 0, (page << bits) | (raw & (page_size - 1)), -1)
@@ -735,15 +816,14 @@ def topk_transform_ragged(scores: torch.Tensor, seq_lens: torch.Tensor, out_indi
     off = out_offsets.to(torch.int64)
     starts = torch.zeros_like(sl) if row_starts is None else row_starts.to(torch.int64)
     cols = torch.arange(k, device=dev)
-    pos = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1).expand(n, k).clone()
-    big = sl > k
-    if bool(big.any()):
-        rows = torch.nonzero(big).flatten()
-        span = int(sl[rows].max())
-        j = torch.arange(span, device=dev)
-        idx = (starts[rows, None] + j[None, :]).clamp(0, scores.shape[1] - 1)
-        keys = _order_key(scores[rows].gather(1, idx))
-        pos[rows] = _select(keys, j[None, :] < sl[rows, None], k)
+    short = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1)
+    # Graph-safe: every row's window is read over the full score width (a fixed shape; a window
+    # is assumed to lie inside its row), selected, and kept only in rows longer than k.
+    width = scores.shape[1]
+    j = torch.arange(width, device=dev)
+    idx = (starts[:, None] + j[None, :]).clamp(0, max(width - 1, 0))
+    keys = _order_key(_first_rows(scores, n).gather(1, idx))
+    pos = torch.where((sl > k)[:, None], _pad_cols(_select(keys, j[None, :] < sl[:, None], k), k), short)
     out = torch.where(pos >= 0, pos + off[:, None], -1)
     out_indices.copy_(out.to(out_indices.dtype))
 
