@@ -59,6 +59,7 @@ __all__ = [
     "plan_compress_decode_legacy",
     "plan_compress_prefill",
     "plan_compress_prefill_legacy",
+    "store_fp4_index_k_cache",
     "topk_transform",
     "topk_transform_ragged",
 ]
@@ -1005,3 +1006,47 @@ def fused_store_cache_indexer(input: torch.Tensor, cache: torch.Tensor, indices:
         return
     _store_indexer_fp8(_pages(cache, INDEXER_FP8_BYTES * page_size), indices.to(torch.int64), page_size,
                        input.float())
+
+
+def _e2m1_code_rne(x: torch.Tensor) -> torch.Tensor:
+    """e2m1 code of fp32 x rounded to nearest with ties to the even code (0.25 -> 0, 0.75 -> 1.0, ...)."""
+    ax = x.abs().clamp(max=6.0)
+    bounds = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+    idx = torch.zeros_like(ax, dtype=torch.int32)
+    tie = torch.zeros_like(ax, dtype=torch.bool)
+    for t in bounds:
+        idx += (ax >= t).to(torch.int32)
+        tie |= ax == t
+    idx = torch.where(tie & (idx % 2 == 1), idx - 1, idx)
+    return torch.where((x < 0) & (idx != 0), idx | 8, idx)
+
+
+def store_fp4_index_k_cache(input: torch.Tensor, cache: torch.Tensor, loc: torch.Tensor, page_size: int,
+                            rne: bool = False) -> None:
+    """Replaces `sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache.store_fp4_index_k_cache` (Triton:
+    `quantize_fp4_indexer_tensor` + a paged store), which writes V4.1's ratio-1/2 index keys.
+
+    input [N, 128] -> per row 64 bytes of e2m1 pairs (element 2j in the low nibble) at
+    slot * 64 of its page, then 4 UE8M0 exponents (one per 32 values, group g in byte g) at
+    page_size * 64 + slot * 4. Scale of a group: the smallest power of two >= max(amax / 6, 1e-4),
+    exponent clamped to [1, 254]; codes by threshold rounding (ties down) or, with rne, to nearest
+    even. Every row is written.
+    """
+    page_size = int(page_size)
+    if input.shape[-1] != 128:
+        raise ValueError(f"store_fp4_index_k_cache: rows must have 128 values, got {tuple(input.shape)}")
+    rows = input.reshape(-1, 128)
+    if loc.numel() != rows.shape[0]:
+        raise ValueError(f"store_fp4_index_k_cache: {loc.numel()} slots for {rows.shape[0]} rows")
+    if rows.shape[0] == 0:
+        return
+    pages = _pages(cache, INDEXER_FP4_BYTES * page_size)
+    groups = rows.float().reshape(-1, 4, 32)
+    e = _ue8m0(torch.clamp(groups.abs().amax(-1) / 6.0, min=QUANT_EPS)).clamp(1, 254)
+    scaled = groups / (e.to(torch.int32) << 23).view(torch.float32).unsqueeze(-1)
+    codes = (_e2m1_code_rne if rne else _e2m1_code)(scaled).reshape(-1, 128)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+    slot = loc.reshape(-1).to(torch.int64)
+    page, off = slot // page_size, slot % page_size
+    _put(pages, page, off * 64, packed)
+    _put(pages, page, page_size * 64 + off * 4, e.to(torch.uint8))

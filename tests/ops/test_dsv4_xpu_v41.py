@@ -120,3 +120,67 @@ def test_v4_store_matches_the_compress_store_on_normalized_rows() -> None:
     identity[:, 0::2] = 1.0  # (cos, sin) = (1, 0)
     X._store_v4(b, loc, PAGE, x, identity, round_nope_bf16=True)
     assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------
+# FP4 index-K store (V4.1 ratio-1/2 index keys)
+# ------------------------------------------------------------------------------------------------
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def _decode_index_k(cache: torch.Tensor, loc: int, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values float64 [128], biased exponents [4]) of the index key at slot loc."""
+    page, slot = divmod(loc, page_size)
+    payload = cache[page, slot * 64: slot * 64 + 64].to(torch.int64)
+    codes = torch.stack([payload & 0xF, payload >> 4], dim=-1).flatten()
+    mag = E2M1[codes & 7] * torch.where(codes & 8 != 0, -1.0, 1.0).double()
+    exps = cache[page, page_size * 64 + slot * 4: page_size * 64 + slot * 4 + 4].to(torch.int64)
+    return mag * torch.pow(2.0, (exps - 127).double()).repeat_interleave(32), exps
+
+
+@pytest.mark.parametrize("rne", [False, True])
+def test_store_fp4_index_k_cache_vs_definition(rne: bool) -> None:
+    n, page_size, pages = 41, 64, 2
+    x = torch.randn(n, 128, dtype=torch.float64) * torch.exp2(torch.randint(-10, 6, (n, 4)).double()).repeat_interleave(32, 1)
+    x[3] = 0.0  # scale floor 1e-4
+    # exact ties on the e2m1 grid after scaling (block amax 6 -> scale 1): 0.25, 0.75, 2.5, 5.0
+    x[7, :32] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 4, dtype=torch.float64)
+    xb = x.to(torch.bfloat16)
+    cache = torch.full((pages, page_size * 68), POISON, dtype=torch.uint8)
+    loc = torch.randperm(pages * page_size)[:n]
+    X.store_fp4_index_k_cache(xb, cache, loc, page_size, rne)
+    xd = xb.double()
+    for i in range(n):
+        got, exps = _decode_index_k(cache, int(loc[i]), page_size)
+        for g in range(4):
+            block = xd[i, 32 * g: 32 * g + 32]
+            want_e = min(max(math.ceil(math.log2(max(float(block.abs().max()) / 6.0, 1e-4))) + 127, 1), 254)
+            assert int(exps[g]) == want_e, f"row {i} group {g}"
+            scale = 2.0 ** (want_e - 127)
+            y = (block / scale).clamp(-6, 6)
+            d = (y.abs().unsqueeze(-1) - E2M1).abs()
+            best = d.min(-1).values
+            chosen = (got[32 * g: 32 * g + 32].abs() / scale)
+            # the chosen magnitude is a nearest grid point
+            assert torch.allclose((y.abs() - chosen).abs(), best, atol=0, rtol=0), f"row {i} group {g}"
+            assert ((got[32 * g: 32 * g + 32] == 0) | (torch.sign(got[32 * g: 32 * g + 32]) == torch.sign(y))).all()
+    ties = _decode_index_k(cache, int(loc[7]), page_size)[0][1:8]
+    # 0.25 -> 0 either way; 0.75 -> 0.5 (down) or 1.0 (even); 1.25 -> 1.0 both; 1.75 -> 1.5 / 2.0;
+    # 2.5 -> 2.0 both; 3.5 -> 3.0 / 4.0; 5.0 -> 4.0 both
+    want = [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0] if rne else [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
+    assert ties.tolist() == want
+
+
+@pytest.mark.parametrize("rne", [False, True])
+def test_store_fp4_index_k_cache_bytes_match_sglang_triton(rne: bool) -> None:
+    # The upstream kernel this replaces, run in Triton's interpreter: the same bytes everywhere.
+    from sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache import store_fp4_index_k_cache as upstream
+
+    n, page_size = 9, 64
+    x = (torch.randn(n, 128) * 3).to(torch.bfloat16)
+    loc = torch.randperm(2 * page_size)[:n]
+    a = torch.full((2, page_size * 68), POISON, dtype=torch.uint8)
+    b = a.clone()
+    X.store_fp4_index_k_cache(x, a, loc, page_size, rne)
+    upstream(x, b, loc, page_size=page_size, rne=rne)
+    assert torch.equal(a, b)

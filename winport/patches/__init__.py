@@ -15,6 +15,7 @@ PATCHES: tuple[str, ...] = (
     "cuda_jit_quant",
     "dsv4_cpu_fused_store",
     "dsv41_cpu_swa_layout_flag",
+    "dsv41_cpu_index_k_store",
     "engram_host_table_file_map",
     "chat_template_without_recipe",
     "cpu_fp8_block_linear",
