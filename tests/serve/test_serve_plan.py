@@ -104,6 +104,7 @@ def test_cpu_tensor_parallel_gets_a_thread_binding(cpu_only: None, tmp_path, mon
         command.cpu_thread_bind(4, 2)
     plan = command.build_plan(["--demo", "--tp", "2"])
     assert plan.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
+    assert int(plan.env["OPENBLAS_NUM_THREADS"]) == max(1, (__import__("os").cpu_count() or 1) // 2)
     # Collectives are gloo's: SGLang's custom all-reduce (CUDA IPC + NCCL) is never attempted.
     assert "--disable-custom-all-reduce" in plan.argv
     assert "--disable-custom-all-reduce" not in command.build_plan(["--demo"]).argv

@@ -8,9 +8,11 @@ Targets three kernels of sglang 0.5.23 that the DSV4 attention backend launches 
   (per prefill token: its top-k compressed indices and sliding-window indices as one -1 padded
   row for sparse attention), launched by `combine_topk_swa_indices`;
 - `sparse_prefill_kernels.py:_build_swa_token_ids_kernel` (the SWA-cache ids of each request's
-  window), launched by `build_swa_token_ids`.
+  window), launched by `build_swa_token_ids`;
+- `dequant_k_cache.py:_dequantize_k_cache_paged_kernel` (V4's FP8 paged K cache to bf16 rows for
+  sparse prefill), launched by `dequantize_k_cache_paged_dsv4`.
 On CPU they run in Triton's interpreter (TRITON_INTERPRET=1): the combine kernel alone was ~40%
-of a 78-token prefill (scripts/bench/cpu_serve.py with py-spy). Each is integer index arithmetic.
+of a 78-token prefill (scripts/bench/cpu_serve.py with py-spy). Each is index arithmetic (and one exact FP8 dequantization).
 
 Only the launch is replaced: the module attribute holding each kernel becomes a launcher that,
 for CPU tensors, calls a torch function taking the kernel's own arguments, so upstream's Python
@@ -22,6 +24,7 @@ compare them with the kernels under the interpreter.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +32,12 @@ import torch
 
 from winport.patches._base import UpstreamChangedError, require_source
 
+# WINPORT_CPU_TORCH_KERNELS=0 leaves the Triton kernels (interpreted on CPU) in place.
+SWITCH = "WINPORT_CPU_TORCH_KERNELS"
+
 METADATA = "sglang.kernels.ops.attention.dsv4.metadata_kernel"
 SPARSE_PREFILL = "sglang.kernels.ops.attention.dsv4.sparse_prefill_kernels"
+DEQUANT = "sglang.kernels.ops.attention.dsv4.dequant_k_cache"
 
 
 def init_compressed_attn_metadata(
@@ -148,6 +155,35 @@ def build_swa_token_ids(
     out_ptr[dest] = full_to_swa_ptr[full_id].to(out_ptr.dtype)
 
 
+def dequantize_k_cache_paged(
+    output_ptr: torch.Tensor, buf_fp8_ptr: torch.Tensor, buf_bf16_ptr: torch.Tensor, buf_uint8_ptr: torch.Tensor,
+    page_table_ptr: torch.Tensor, output_stride_0: int, num_tokens: int, BYTES_PER_PAGE: int, PAGE_SIZE: int,  # noqa: N803
+    DIM_NOPE: int, DIM_ROPE: int, TILE_SIZE: int, NUM_SCALE_TILES: int, NOPE_ROPE_BYTES: int,  # noqa: N803
+    PADDED_SCALE_PER_TOKEN: int, S_OFFSET_BYTES: int, **_launch: Any,  # noqa: N803
+) -> None:
+    """Torch version of `_dequantize_k_cache_paged_kernel`: V4's FP8 paged K cache -> bf16 rows.
+
+    Token t at cache slot loc: page loc // PAGE_SIZE, row loc % PAGE_SIZE. Its NUM_SCALE_TILES x
+    TILE_SIZE e4m3 values (row data at the page's start) times 2^(scale byte - 127) (one byte per
+    tile, in the page's scale area), then DIM_ROPE bf16 values right after the FP8 part. An e4m3
+    value times a power of two is exact in bf16, so the result does not depend on rounding.
+    """
+    dev = output_ptr.device
+    loc = page_table_ptr[:num_tokens].long()
+    page, row = torch.div(loc, PAGE_SIZE, rounding_mode="floor"), loc % PAGE_SIZE
+    data = page * BYTES_PER_PAGE + row * NOPE_ROPE_BYTES
+    scale_at = page * BYTES_PER_PAGE + S_OFFSET_BYTES + row * PADDED_SCALE_PER_TOKEN
+    n_fp8 = NUM_SCALE_TILES * TILE_SIZE
+    fp8 = buf_fp8_ptr[data[:, None] + torch.arange(n_fp8, device=dev)].float()
+    scale = buf_uint8_ptr[scale_at[:, None] + torch.arange(NUM_SCALE_TILES, device=dev)].int()
+    nope = fp8.view(num_tokens, NUM_SCALE_TILES, TILE_SIZE) * torch.exp2((scale - 127).float())[:, :, None]
+    rope = buf_bf16_ptr[torch.div(data[:, None] + DIM_NOPE, 2, rounding_mode="floor")
+                        + torch.arange(DIM_ROPE, device=dev)]
+    out = output_ptr.as_strided((num_tokens, DIM_NOPE + DIM_ROPE), (output_stride_0, 1))
+    out[:, :n_fp8] = nope.reshape(num_tokens, n_fp8).to(out.dtype)
+    out[:, DIM_NOPE:] = rope.to(out.dtype)
+
+
 class CpuLauncher:
     """Stands where a Triton kernel was: `kernel[grid](...)` runs `torch_impl(...)` for CPU tensors."""
 
@@ -172,6 +208,7 @@ KERNELS: dict[str, dict[str, Callable[..., None]]] = {
     METADATA: {"_init_compressed_attn_metadata_kernel": init_compressed_attn_metadata},
     SPARSE_PREFILL: {"_combine_topk_swa_indices_kernel": combine_topk_swa_indices,
                      "_build_swa_token_ids_kernel": build_swa_token_ids},
+    DEQUANT: {"_dequantize_k_cache_paged_kernel": dequantize_k_cache_paged},
 }
 
 
@@ -211,4 +248,15 @@ def register_patch() -> None:
         "_combine_topk_swa_indices_kernel[(triton.cdiv(num_tokens, block_t),)](",
         "_build_swa_token_ids_kernel[(num_reqs, NUM_WORKERS)](",
     )
+    require_source(
+        DEQUANT,
+        "page_idx = loc // PAGE_SIZE",
+        "token_data_base = page_byte_base + in_page * NOPE_ROPE_BYTES",
+        "page_byte_base + S_OFFSET_BYTES + in_page * PADDED_SCALE_PER_TOKEN",
+        "scale_pow2 = tl.exp2((scale_u8 - 127).to(tl.float32))",
+        "bf16_off = (token_data_base[:, None] + DIM_NOPE) // 2 + rope_offs[None, :]",
+        "_dequantize_k_cache_paged_kernel[(triton.cdiv(num_tokens, tokens_per_prog),)](",
+    )
+    if os.environ.get(SWITCH, "1") == "0":  # benchmarks compare with the interpreted kernels
+        return
     apply()

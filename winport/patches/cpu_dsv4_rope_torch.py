@@ -17,11 +17,15 @@ other device keep the Triton kernel.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from winport.patches._base import register, require_source
+
+# WINPORT_CPU_TORCH_KERNELS=0 leaves the Triton kernels (interpreted on CPU) in place.
+SWITCH = "WINPORT_CPU_TORCH_KERNELS"
 
 TARGET = "sglang.kernels.ops.attention.dsv4.rope.apply_rotary_emb_triton"
 
@@ -82,4 +86,6 @@ def register_patch() -> None:
                    "positions: Optional[torch.Tensor] = None", "inverse: bool = False")
     require_source("sglang.kernels.ops.attention.dsv4.norm_rope.fused_rope_inplace",
                    "apply_rotary_emb_triton(q, freqs_cis, positions=positions, inverse=inverse)")
+    if os.environ.get(SWITCH, "1") == "0":  # benchmarks compare with the interpreted kernels
+        return
     register(TARGET, _apply)

@@ -191,6 +191,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         raise ServeError(f"--tp {args.tp}: the tensor-parallel size must be at least 1")
     if device == "cpu" and args.tp > 1:
         env["SGLANG_CPU_OMP_THREADS_BIND"] = os.environ.get("SGLANG_CPU_OMP_THREADS_BIND") or cpu_thread_bind(args.tp)
+        # numpy's OpenBLAS starts its worker threads at import, before a rank is bound to its CPUs
+        # (winport.patches.cpu_tp_thread_binding); sized to one rank's share they do not overlap.
+        env["OPENBLAS_NUM_THREADS"] = os.environ.get("OPENBLAS_NUM_THREADS") or str(
+            max(1, (os.cpu_count() or 1) // args.tp))
     if args.tp > 1:
         # winport's platforms do collectives with gloo. SGLang's custom all-reduce needs CUDA IPC
         # buffers and NCCL (neither exists on Windows; on CPU its set-up only fails with a
