@@ -213,6 +213,9 @@ PARITY_TEXT = (
 def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
     """SGLang's prompt log-probabilities against transformers' eager DeepSeek-V4 (+ FP8 KV).
 
+    The demo is served from DeepSeek's FP8 block + MXFP4 checkpoint; the reference reads the exact
+    bf16 dequantization of the same file, and SGLang on CPU multiplies bf16 activations by those same
+    values (W8A16 / W4A16), so the weights add no difference.
     Tolerance, from the dtypes: SGLang runs bf16 activations (relative rounding 2^-9 per op) and the
     reference is fp32; both round the KV through FP8 e4m3 the same way (winport.demo.reference).
     That leaves a few percent per layer, about 0.03 nat per position (median 0.028 measured over 300
@@ -247,6 +250,83 @@ def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
     # Control: the same statistic against the reference shifted by one position must fail.
     shifted = [abs(a - b) for a, b in zip(served[1:], reference[:-1], strict=True)]
     assert statistics.median(shifted) > 0.1
+
+
+GREEDY_PROMPTS = (
+    "hello world windows linux deepseek flash attention sparse memory",
+    "the quick brown fox jumps over the lazy dog",
+    "def main(): return sum(range(10))",
+)
+GREEDY_TOKENS = 32
+TIE_NATS = 0.3  # a near-tie the served-vs-reference noise can flip (the prompt-logprob test's bound)
+SPIKE_NATS = 1.2  # a routing-flip spike: the largest per-position gap measured is 1.05 nat
+
+
+def _greedy_ok(deficit) -> bool:  # type: ignore[no-untyped-def]
+    """The tie-aware verdict on one continuation (see the greedy test's docstring)."""
+    exact = int((deficit == 0).sum())
+    return exact >= len(deficit) * 3 // 4 and int((deficit >= TIE_NATS).sum()) <= 1 and \
+        float(deficit.max()) < SPIKE_NATS
+
+
+def _greedy_deficits(reference, ids: list[int], tokens: list[int]):  # type: ignore[no-untyped-def]
+    """Per generated step: the reference's best log-probability minus that of the token taken.
+
+    Teacher-forced (the reference reads the server's own continuation in one forward), so a
+    disagreement at one step does not send the two down different paths afterwards.
+    """
+    import torch
+
+    with torch.no_grad():
+        logits = reference(torch.tensor([ids + tokens]), use_cache=False).logits[0].double()
+    lp = torch.log_softmax(logits[len(ids) - 1: len(ids) - 1 + len(tokens)], -1)
+    top2 = lp.topk(2, -1).values
+    taken = lp[torch.arange(len(tokens)), torch.tensor(tokens)]
+    return top2[:, 0] - taken, top2[:, 0] - top2[:, 1]
+
+
+def test_greedy_tokens_agree_with_transformers(server: Server) -> None:
+    """32 greedy tokens per prompt from the server, judged by transformers' eager DeepSeek-V4.
+
+    Exact equality of 32 free-running greedy tokens is not a property this random demo model has
+    (measured: scripts/debug/compare_hf.py and the issue 5 note): its head gives top-2
+    logit gaps below 0.05 nat every few steps, and the served logits differ from the fp32 reference
+    by about 0.04 nat (median; bf16 activations vs fp32, both with DeepSeek's FP8 KV) with isolated
+    routing-flip spikes; so the first divergence comes within a few tokens at a near-tie, and after
+    it the two continue from different prefixes. Making routing decisive does not change that (the
+    gap-to-noise ratio of a continuous top-k is scale-free; tried: routing fixed by bias still
+    diverged at head gaps of 0.007-0.03). What is checked instead, for every one of the 32 steps:
+    the token the server took is the reference's argmax, or within TIE_NATS of it (a near-tie the
+    noise above can flip). TIE_NATS = 0.3 is the same per-position bound the prompt-logprob test
+    uses; one step per prompt may instead be off by up to SPIKE_NATS, the size of the routing-flip
+    spikes that test also allows for; at least 3/4 of the steps must be the reference's argmax
+    exactly (measured: 29/32 on each prompt, worst deficit 0.27 nat). The same verdict on a wrong
+    continuation (the control below: the server's tokens shifted by one) must be negative.
+    """
+    from transformers import AutoTokenizer
+
+    from winport.demo.reference import load_reference
+
+    folder = REPO_ROOT / ".cache" / "winport-test" / "demo-v4"
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    reference = load_reference(folder)
+    for text in GREEDY_PROMPTS:
+        ids = [0, *tok.encode(text)]
+        status, body = _post(server, "/generate", json.dumps({"input_ids": ids, "sampling_params": {
+            "max_new_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True}}).encode())
+        assert status == 200, body
+        tokens = json.loads(body)["output_ids"]
+        assert len(tokens) == GREEDY_TOKENS
+        deficit, gap = _greedy_deficits(reference, ids, tokens)
+        assert not deficit.isnan().any()
+        exact = int((deficit == 0).sum())
+        first = next((i for i, d in enumerate(deficit.tolist()) if d > 0), GREEDY_TOKENS)
+        print(f"greedy {text[:24]!r}: reference argmax at {exact}/{GREEDY_TOKENS} steps, first other at "
+              f"{first}; worst deficit {float(deficit.max()):.3f} nat; reference top-2 gaps min "
+              f"{float(gap.min()):.3f} median {float(gap.median()):.3f}")
+        assert _greedy_ok(deficit), (tokens, deficit.tolist())
+        control, _ = _greedy_deficits(reference, ids, tokens[1:] + tokens[:1])
+        assert not _greedy_ok(control), control.tolist()
 
 
 def test_ctrl_c_stops_every_process(server: Server) -> None:
