@@ -171,8 +171,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         # top-k transforms: shims/sgl_kernel/dsv4_xpu.py) are torch code with data-dependent shapes
         # (host syncs), which a CUDA graph cannot capture (seen on the H200: "Cannot copy between
         # CPU and CUDA tensors during CUDA graph capture"). Until they have graph-safe kernels,
-        # decode runs eagerly: correct, but far slower than with graphs.
-        sg += ["--disable-cuda-graph"]
+        # decode runs eagerly: correct, but far slower than with graphs. WINPORT_CUDA_GRAPH=1 lets
+        # SGLang capture them anyway (for checking the graph-safe rewrites on a GPU).
+        if os.environ.get("WINPORT_CUDA_GRAPH") != "1":
+            sg += ["--disable-cuda-graph"]
     if device != "cpu" and args.vram_gib is not None:
         import torch
 
