@@ -16,6 +16,7 @@ PATCHES: tuple[str, ...] = (
     "dsv4_cpu_fused_store",
     "dsv41_cpu_swa_layout_flag",
     "dsv41_cpu_index_k_store",
+    "cpu_mhc_combine",
     "engram_host_table_file_map",
     "chat_template_without_recipe",
     "cpu_fp8_block_linear",
