@@ -31,8 +31,12 @@ compress_norm_rope_store with is_decode, fused_k_norm_rope_flashmla, fused_q_nor
 fused_q_indexer_rope_hadamard_quant, the top-k transforms, the mHC adapters, fused_store_cache_*) is
 written without host syncs or data-dependent shapes, so it can be captured: rows that the kernel skips
 are computed anyway and masked out (`_select_rows`), and their scatter writes are redirected so that
-they change no memory (`_put` with `keep`). The prefill planners and flash_compress*_prefill compact
-their events on the host (prefill forwards are not captured for DeepSeek-V4).
+they change no memory (`_put` with `keep`, `_write_state_masked`). Speculative target verify plans and
+runs the prefill compressor inside its graph too: padded prefill plans (use_cuda_graph, or lengths on
+the device) are built in fixed shapes (`_prefill_tokens`, `_compact_padded`), and flash_compress*_prefill
+and compress_norm_rope_store mask as well (flash_compress*_prefill compacts on the host only for plans
+above `_MASKED_WINDOW_BYTES`, i.e. large eager prefills). Only the unpadded prefill plan (a row count
+that depends on the data) is built on the host; SGLang asks for it in eager prefill only.
 """
 
 from __future__ import annotations
@@ -156,13 +160,6 @@ def _plan_c_words(seq_len: torch.Tensor, ragged: torch.Tensor, buffer_len: torch
     return torch.stack([seq_len, (ragged & 0xFFFF) | ((buffer_len & 0xFFFF) << 16), rp0, rp1], dim=1)
 
 
-def _pad_rows(words: torch.Tensor, rows: int, invalid: list[int]) -> torch.Tensor:
-    if words.shape[0] >= rows:
-        return words
-    pad = torch.tensor(invalid, dtype=torch.int64).expand(rows - words.shape[0], len(invalid))
-    return torch.cat([words, pad], dim=0)
-
-
 def _prefill_events(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: int, ratio: int,
                     first_write: torch.Tensor, extra_write: torch.Tensor | None
                     ) -> tuple[torch.Tensor, ...]:
@@ -194,6 +191,54 @@ def _prefill_events(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tok
     if extra_write is not None:
         is_w |= extra_write(pos)
     return (batch[is_c], pos[is_c], ragged[is_c], buffer_len[is_c], batch[is_w], pos[is_w], ragged[is_w])
+
+
+def _prefill_tokens(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: int, ratio: int,
+                    first_write: torch.Tensor, extra_write: object) -> tuple[torch.Tensor, ...]:
+    """Stage 0 for every ragged token, in fixed shapes (the padded, CUDA-graph-safe planner).
+
+    Returns [num_q_tokens] tensors (batch, position, ragged_id, buffer_len, is_compress, is_write) on
+    seq_lens' device; the events are the tokens with is_compress / is_write, in token order (the
+    order of `_prefill_events`). Tokens past sum(extend_lens) are neither. The input checks of
+    `_prefill_events` run only on host tensors (on the device they would sync).
+    """
+    if ratio not in (4, 128):
+        raise ValueError(f"compress_ratio must be 4 or 128, got {ratio}")
+    n, b = int(num_q_tokens), seq_lens.shape[0]
+    if n > 65536 or b > n or (b == 0 and n > 0):
+        raise ValueError("ragged ids are uint16: at most 65536 tokens, and 0 < batch_size <= num_q_tokens")
+    ext = extend_lens
+    if seq_lens.device.type == "cpu" and ext.device.type == "cpu":
+        if bool((ext <= 0).any()) or bool((ext > seq_lens).any()):
+            raise ValueError("every request needs 0 < extend_len <= seq_len")
+        if int(ext.sum()) != n:
+            raise ValueError(f"extend lengths sum to {int(ext.sum())}, not num_q_tokens={n}")
+    window = ratio * 2 if ratio == 4 else ratio
+    ends = torch.cumsum(ext, 0)
+    ragged = torch.arange(n, device=seq_lens.device)
+    batch = torch.searchsorted(ends, ragged, right=True).clamp(max=max(b - 1, 0))
+    in_range = ragged < ends[-1:] if b else torch.zeros_like(ragged, dtype=torch.bool)
+    j = ragged - (ends - ext)[batch]
+    pos = (seq_lens - ext)[batch] + j
+    is_c = ((pos + 1) % ratio == 0) & in_range
+    buffer_len = window - torch.clamp(j + 1, max=window)
+    is_w = pos >= first_write[batch]
+    if extra_write is not None:
+        is_w |= extra_write(pos)
+    return batch, pos, ragged, buffer_len, is_c, is_w & in_range
+
+
+def _compact_padded(words: torch.Tensor, keep: torch.Tensor, invalid: list[int]) -> torch.Tensor:
+    """The rows of `words` [n, k] with keep, in order, then rows of `invalid` up to n rows (the padded
+    plan), in fixed shapes: a cumsum ranks the kept rows; the others are scattered into a spare row n
+    of the scratch buffer, which is dropped."""
+    n, k = words.shape
+    out = torch.empty((n + 1, k), dtype=words.dtype, device=words.device)
+    for c, v in enumerate(invalid):
+        out[:, c].fill_(v)  # a device fill, not a host copy
+    dest = torch.where(keep, torch.cumsum(keep.to(torch.int64), 0) - 1, n)
+    out[dest] = words
+    return out[:n]
 
 
 def _state_loc(r2t: torch.Tensor, f2s: torch.Tensor, rid: torch.Tensor, pos: torch.Tensor, swa_page_size: int,
@@ -233,8 +278,15 @@ def plan_compress_prefill(req_pool_indices: torch.Tensor, req_to_token: torch.Te
         raise ValueError("need swa_page_size % ring_size == 0 and ring_size % compress_ratio == 0")
     device = req_pool_indices.device
     pad = bool(use_cuda_graph) or seq_lens.device.type != "cpu"
-    sl, el = _host_i64(seq_lens), _host_i64(extend_lens)
-    rid_all, r2t, f2s = _host_i64(req_pool_indices), req_to_token.detach().cpu(), _host_i64(full_to_state)
+    if pad:
+        # Padded plans (prefill graphs, and speculative target verify, which SGLang plans inside its
+        # CUDA graph): built on the device in fixed shapes, no host round trip.
+        sl, el = _dev_i64(seq_lens).to(device), _dev_i64(extend_lens).to(device)
+        rid_all, r2t, f2s = _dev_i64(req_pool_indices), req_to_token.detach().to(device), \
+            _dev_i64(full_to_state).to(device)
+    else:
+        sl, el = _host_i64(seq_lens), _host_i64(extend_lens)
+        rid_all, r2t, f2s = _host_i64(req_pool_indices), req_to_token.detach().cpu(), _host_i64(full_to_state)
     overlap = ratio == 4
     window = 2 * ratio if overlap else ratio
     # Trailing tokens kept resident for speculative verify (0 when the ring is one window wide).
@@ -242,7 +294,13 @@ def plan_compress_prefill(req_pool_indices: torch.Tensor, req_to_token: torch.Te
     last_c = sl // ratio * ratio
     first_w = torch.minimum(last_c - (ratio if overlap else 0), sl - mtp_pad)
     extra = (lambda p: p % sps >= sps - ratio) if overlap else None
-    cb, cpos, cragged, cbuf, wb, wpos, wragged = _prefill_events(sl, el, int(num_q_tokens), ratio, first_w, extra)
+    if pad:
+        # Words for every token; the events are compacted at the end.
+        cb, cpos, cragged, cbuf, is_c, is_w = _prefill_tokens(sl, el, int(num_q_tokens), ratio, first_w, extra)
+        wb, wpos, wragged = cb, cpos, cragged
+    else:
+        cb, cpos, cragged, cbuf, wb, wpos, wragged = _prefill_events(sl, el, int(num_q_tokens), ratio, first_w,
+                                                                     extra)
 
     crid = rid_all[cb]
     pos1 = cpos
@@ -262,8 +320,8 @@ def plan_compress_prefill(req_pool_indices: torch.Tensor, req_to_token: torch.Te
     wloc = _ring_loc(wrid, wpos, ring) if ratio == 128 else _state_loc(r2t, f2s, wrid, wpos, sps, ring)
     words_w = torch.stack([wragged, wloc], dim=1)
     if pad:
-        words_c = _pad_rows(words_c, int(num_q_tokens), [_U32_INVALID, 0, -1, -1])
-        words_w = _pad_rows(words_w, int(num_q_tokens), [_U32_INVALID, -1])
+        words_c = _compact_padded(words_c, is_c, [_U32_INVALID, 0, -1, -1])
+        words_w = _compact_padded(words_w, is_w, [_U32_INVALID, -1])
     return _pack_words(words_c, device), _pack_words(words_w, device)
 
 
@@ -316,16 +374,25 @@ def plan_compress_prefill_legacy(req_pool_indices: torch.Tensor, seq_lens: torch
     del pin_buffer
     ratio = int(compress_ratio)
     device = req_pool_indices.device
-    sl, el, rid_all = _host_i64(seq_lens), _host_i64(extend_lens), _host_i64(req_pool_indices)
+    pad = bool(use_cuda_graph)
+    if pad:  # fixed shapes on the device, as in plan_compress_prefill
+        sl, el, rid_all = _dev_i64(seq_lens).to(device), _dev_i64(extend_lens).to(device), _dev_i64(req_pool_indices)
+    else:
+        sl, el, rid_all = _host_i64(seq_lens), _host_i64(extend_lens), _host_i64(req_pool_indices)
     first_w = sl // ratio * ratio - (ratio if ratio == 4 else 0)
-    cb, cpos, cragged, cbuf, wb, wpos, wragged = _prefill_events(sl, el, int(num_q_tokens), ratio, first_w, None)
+    if pad:
+        cb, cpos, cragged, cbuf, is_c, is_w = _prefill_tokens(sl, el, int(num_q_tokens), ratio, first_w, None)
+        wb, wpos, wragged = cb, cpos, cragged
+    else:
+        cb, cpos, cragged, cbuf, wb, wpos, wragged = _prefill_events(sl, el, int(num_q_tokens), ratio, first_w,
+                                                                     None)
     crid = rid_all[cb]
     pos0 = torch.clamp(cpos - ratio, min=0)
     words_c = _plan_c_words(cpos + 1, cragged, cbuf, _legacy_page(crid, pos0, ratio), _legacy_page(crid, cpos, ratio))
     words_w = torch.stack([wragged, _legacy_loc(rid_all[wb], wpos, ratio)], dim=1)
-    if use_cuda_graph:
-        words_c = _pad_rows(words_c, int(num_q_tokens), [_U32_INVALID, 0, -1, -1])
-        words_w = _pad_rows(words_w, int(num_q_tokens), [_U32_INVALID, -1])
+    if pad:
+        words_c = _compact_padded(words_c, is_c, [_U32_INVALID, 0, -1, -1])
+        words_w = _compact_padded(words_w, is_w, [_U32_INVALID, -1])
     return _pack_words(words_c, device), _pack_words(words_w, device)
 
 
@@ -435,6 +502,26 @@ def _write_state(kv_buffer: torch.Tensor, rows: torch.Tensor, loc: torch.Tensor)
         kv_buffer.view(-1, kv_buffer.shape[-1])[loc] = rows.to(kv_buffer.dtype)
 
 
+def _write_state_masked(kv_buffer: torch.Tensor, rows: torch.Tensor, loc: torch.Tensor, keep: torch.Tensor) -> None:
+    """`_write_state` of the rows with keep, in fixed shapes: the other rows repeat the first kept
+    row's write, or (none kept) write slot 0's own values back (see `_put`)."""
+    if loc.numel() == 0:
+        return
+    flat = kv_buffer.view(-1, kv_buffer.shape[-1])
+    data = rows.to(kv_buffer.dtype)
+    first = torch.argmax(keep.to(torch.int32)).view(1)
+    any_keep = keep.any()
+    loc_m = torch.where(any_keep, loc.index_select(0, first), torch.zeros_like(first))
+    data_m = torch.where(any_keep, data.index_select(0, first), flat[:1])
+    flat[torch.where(keep, loc, loc_m)] = torch.where(keep[:, None], data, data_m)
+
+
+# Up to this many bytes of windows, the prefill compressors pool every plan row and mask (fixed
+# shapes: target-verify plans are built and consumed inside SGLang's CUDA graph); a larger (prefill)
+# plan compacts its valid rows on the host instead, since pooling padding rows would cost more.
+_MASKED_WINDOW_BYTES = 64 << 20
+
+
 def flash_compress4_decode(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
                            ape: torch.Tensor, plan_d: torch.Tensor) -> None:
     """Replaces sgl_kernel `flash_compress4_decode` (XPU) = JIT `FlashCompress4Kernel::run_decode` (c4_v2.cuh).
@@ -469,13 +556,18 @@ def flash_compress4_prefill(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_
     hd = _check_compress(kv_buffer, kv_input, ape, 4)
     dev = kv_input.device
     valid, seq, ragged, buf_len, rp0, rp1 = (t.to(dev) for t in _compress_plan(plan_c))
-    rows = torch.nonzero(valid).flatten()
-    if rows.numel():
+    c = valid.shape[0]
+    if c and c * 8 * 2 * hd * 4 <= _MASKED_WINDOW_BYTES:  # graph-safe: pool every row, keep the valid ones
+        kv, score = _c4_window(kv_buffer, kv_input, ragged, rp0, rp1, buf_len, seq > 4, hd)
+        out = kv_output[:c]
+        out.copy_(_select_rows(valid, _gated_pool(kv, score, ape, kv_output.dtype), out))
+    elif c:  # a large prefill plan (never captured): only the valid rows
+        rows = torch.nonzero(valid).flatten()
         kv, score = _c4_window(kv_buffer, kv_input, ragged[rows], rp0[rows], rp1[rows], buf_len[rows],
                                seq[rows] > 4, hd)
         kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
     w_valid, w_ragged, w_loc = (t.to(dev) for t in _write_plan(plan_w))
-    _write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+    _write_state_masked(kv_buffer, _table_rows(kv_input, w_ragged), w_loc, w_valid)
 
 
 def flash_compress128_decode(kv_buffer: torch.Tensor, kv_input: torch.Tensor, kv_output: torch.Tensor,
@@ -505,12 +597,17 @@ def flash_compress128_prefill(kv_buffer: torch.Tensor, kv_input: torch.Tensor, k
     hd = _check_compress(kv_buffer, kv_input, ape, 128)
     dev = kv_input.device
     valid, _, ragged, buf_len, _, rp1 = (t.to(dev) for t in _compress_plan(plan_c))
-    rows = torch.nonzero(valid).flatten()
-    if rows.numel():
+    c = valid.shape[0]
+    if c and c * 128 * 2 * hd * 4 <= _MASKED_WINDOW_BYTES:  # graph-safe, as in flash_compress4_prefill
+        kv, score = _c128_window(kv_buffer, kv_input, ragged, rp1, buf_len, hd)
+        out = kv_output[:c]
+        out.copy_(_select_rows(valid, _gated_pool(kv, score, ape, kv_output.dtype), out))
+    elif c:
+        rows = torch.nonzero(valid).flatten()
         kv, score = _c128_window(kv_buffer, kv_input, ragged[rows], rp1[rows], buf_len[rows], hd)
         kv_output[rows] = _gated_pool(kv, score, ape, kv_output.dtype)
     w_valid, w_ragged, w_loc = (t.to(dev) for t in _write_plan(plan_w))
-    _write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+    _write_state_masked(kv_buffer, _table_rows(kv_input, w_ragged), w_loc, w_valid)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -679,14 +776,15 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: torch.Tensor, norm_weight: 
         freqs = _table_rows(freqs_cis, seq - ratio).float()
         data = _rms_norm(kv[:n], norm_weight.to(kv.dtype), norm_eps)
     else:
-        # Prefill only (SGLang captures no DeepSeek-V4 prefill graph): compact the valid plans.
-        valid, seq, ragged, _, _, _ = (t.to(dev) for t in _compress_plan(plan))
-        rows = torch.nonzero(valid).flatten()
-        if rows.numel() == 0:
+        # CompressPlans (prefill, and speculative target verify inside the graph): all rows, the
+        # invalid (padding) plans masked out.
+        keep, seq, ragged, _, _, _ = (t.to(dev) for t in _compress_plan(plan))
+        n = keep.shape[0]
+        if n == 0:
             return
-        loc = out_loc[ragged[rows]].to(torch.int64)
-        freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
-        data = _rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
+        loc = _table_rows(out_loc, ragged).to(torch.int64)
+        freqs = _table_rows(freqs_cis, seq - ratio).float()
+        data = _rms_norm(kv[:n], norm_weight.to(kv.dtype), norm_eps)
     if hd == 512:
         _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True,
                   keep=keep)

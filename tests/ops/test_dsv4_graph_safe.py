@@ -108,6 +108,51 @@ def _old_flash_compress128_decode(kv_buffer, kv_input, kv_output, ape, plan_d): 
     kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
 
 
+def _old_flash_compress4_prefill(kv_buffer, kv_input, kv_output, ape, plan_c, plan_w):  # noqa: ANN001, ANN202
+    hd = X._check_compress(kv_buffer, kv_input, ape, 4)
+    valid, seq, ragged, buf_len, rp0, rp1 = X._compress_plan(plan_c)
+    rows = torch.nonzero(valid).flatten()
+    if rows.numel():
+        kv, score = X._c4_window(kv_buffer, kv_input, ragged[rows], rp0[rows], rp1[rows], buf_len[rows],
+                                 seq[rows] > 4, hd)
+        kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
+    w_valid, w_ragged, w_loc = X._write_plan(plan_w)
+    X._write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+
+
+def _old_flash_compress128_prefill(kv_buffer, kv_input, kv_output, ape, plan_c, plan_w):  # noqa: ANN001, ANN202
+    hd = X._check_compress(kv_buffer, kv_input, ape, 128)
+    valid, _, ragged, buf_len, _, rp1 = X._compress_plan(plan_c)
+    rows = torch.nonzero(valid).flatten()
+    if rows.numel():
+        kv, score = X._c128_window(kv_buffer, kv_input, ragged[rows], rp1[rows], buf_len[rows], hd)
+        kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
+    w_valid, w_ragged, w_loc = X._write_plan(plan_w)
+    X._write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+
+
+def _old_compress_norm_rope_store_prefill(kv, plan, norm_weight, norm_eps, freqs_cis, out_loc, kvcache,  # noqa: ANN001, ANN202
+                                          is_decode, compress_ratio, page_size, use_fp4=False):
+    assert not is_decode
+    ratio, hd = compress_ratio, kv.shape[-1]
+    valid, seq, ragged, _, _, _ = X._compress_plan(plan)
+    rows = torch.nonzero(valid).flatten()
+    loc = out_loc[ragged[rows]].to(torch.int64)
+    if rows.numel() == 0:
+        return
+    freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
+    data = X._rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
+    if hd == 512:
+        X._store_v4(X._pages(kvcache, X._v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
+        return
+    data = torch.cat([data[:, :X.ROPE_DIM], X._rope_pairs(data[:, X.ROPE_DIM:], freqs)], dim=1)
+    data = _old_hadamard128(data)
+    if use_fp4:
+        X._store_indexer_fp4(X._pages(kvcache, X.INDEXER_FP4_BYTES * page_size), loc, page_size, data)
+    else:
+        X._store_indexer_fp8(X._pages(kvcache, X.INDEXER_FP8_BYTES * page_size), loc, page_size, data)
+
+
 def _old_hadamard128(x):  # noqa: ANN001, ANN202
     shape = x.shape
     y = x.reshape(-1, 128)
@@ -405,6 +450,99 @@ def test_topk_transform_ragged_equal(with_starts: bool, ties: bool) -> None:
         assert new[r][new[r] >= 0].unique().numel() == int((new[r] >= 0).sum()), f"row {r}: repeated pick"
 
 
+# Requests (seq_len, extend_len): chunked prefill and speculative-verify-like short extends, windows
+# and pages crossed, a request that starts at 0.
+_PAIRS = [(37, 37), (70, 9), (9, 1), (300, 129), (256, 256), (132, 4), (8, 4)]
+
+
+def _prefill_ctx(ratio: int, ring: int, identity: bool = False) -> tuple[torch.Tensor, ...]:
+    """(req_pool_indices, req_to_token, full_to_swa, seq_lens, extend_lens, swa_page_size): permuted
+    tables, or with `identity` request r's token p at SWA slot 512 r + p, which gives every write
+    event its own state slot (ratio 4: 64 pages of 4 slots; ratio 128: 8 pages of 128)."""
+    b, sps = len(_PAIRS), 128
+    if identity:
+        r2t = torch.arange(8 * 512, dtype=torch.int32).reshape(8, 512)
+        f2s = torch.arange(8 * 512)
+    else:
+        r2t = torch.randperm(8 * 512).reshape(8, 512).to(torch.int32)
+        f2s = torch.randperm(8 * 512 + 7)[: 8 * 512]
+    seq = torch.tensor([s for s, _ in _PAIRS])
+    ext = torch.tensor([e for _, e in _PAIRS])
+    return torch.randperm(8)[:b], r2t, f2s, seq, ext, sps
+
+
+def _invalid_padded(plan: torch.Tensor, rows: int, invalid: bytes) -> torch.Tensor:
+    pad = torch.tensor(list(invalid) * (rows - plan.shape[0]), dtype=torch.uint8).view(-1, plan.shape[1])
+    return torch.cat([plan, pad])
+
+
+@pytest.mark.parametrize(("ratio", "ring"), [(4, 8), (4, 16), (128, 128)])
+def test_padded_prefill_planner_equal(ratio: int, ring: int) -> None:
+    """The padded plan (built in fixed shapes) = the compacted host plan + invalid rows, byte for byte."""
+    rid, r2t, f2s, seq, ext, sps = _prefill_ctx(ratio, ring)
+    n = int(ext.sum())
+    host_c, host_w = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, ratio, sps, ring, False)
+    pad_c, pad_w = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, ratio, sps, ring, True)
+    assert host_c.shape[0] < n and host_w.shape[0] < n  # there is padding to check
+    assert torch.equal(pad_c, _invalid_padded(host_c, n, b"\xff" * 4 + b"\x00" * 4 + b"\xff" * 8))
+    assert torch.equal(pad_w, _invalid_padded(host_w, n, b"\xff" * 8))
+    leg_c, leg_w = X.plan_compress_prefill_legacy(rid, seq, ext, torch.empty(0), n, ratio, False)
+    lpad_c, lpad_w = X.plan_compress_prefill_legacy(rid, seq, ext, torch.empty(0), n, ratio, True)
+    assert torch.equal(lpad_c, _invalid_padded(leg_c, n, b"\xff" * 4 + b"\x00" * 4 + b"\xff" * 8))
+    assert torch.equal(lpad_w, _invalid_padded(leg_w, n, b"\xff" * 8))
+
+
+def _prefill_compress_case(ratio: int, dtype: torch.dtype, none_valid: bool) -> list[Any]:
+    hd, pages = 16, 64 if ratio == 4 else 8
+    coff = 4 if ratio == 4 else 2
+    ring = 8 if ratio == 4 else 128
+    rid, r2t, f2s, seq, ext, sps = _prefill_ctx(ratio, ring, identity=True)
+    n = int(ext.sum())
+    plan_c, plan_w = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, ratio, sps, ring, True)
+    w_valid, _, w_loc = X._write_plan(plan_w)
+    # Distinct slots per write (with duplicates the winner would depend on scatter order, in both).
+    assert w_loc[w_valid].unique().numel() == int(w_valid.sum()) and int(w_loc[w_valid].max()) < pages * ratio
+    if none_valid:
+        plan_c = torch.tensor(list(b"\xff" * 4 + b"\x00" * 4 + b"\xff" * 8) * n, dtype=torch.uint8).view(n, 16)
+        plan_w = torch.tensor(list(b"\xff" * 8) * n, dtype=torch.uint8).view(n, 8)
+    buf = torch.randn(pages, ratio, coff * hd, dtype=torch.float32)
+    return [buf, torch.randn(n, coff * hd).to(dtype), _random_bytes(n, hd, dtype=dtype),
+            torch.randn(8 if ratio == 4 else 128, hd).to(dtype), plan_c, plan_w]
+
+
+@pytest.mark.parametrize("budget", ["masked", "compacted"])
+@pytest.mark.parametrize("none_valid", [False, True])
+@pytest.mark.parametrize("ratio", [4, 128])
+def test_flash_compress_prefill_equal(ratio: int, none_valid: bool, budget: str,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Padded plans (invalid rows) as target verify builds them; both the masked (fixed-shape) path
+    and the compacting path taken for plans above _MASKED_WINDOW_BYTES."""
+    if budget == "compacted":
+        monkeypatch.setattr(X, "_MASKED_WINDOW_BYTES", 0)
+    new, old = ((X.flash_compress4_prefill, _old_flash_compress4_prefill) if ratio == 4
+                else (X.flash_compress128_prefill, _old_flash_compress128_prefill))
+    args = _prefill_compress_case(ratio, torch.bfloat16, none_valid)
+    _run_both(new, old, args, written=[0, 2])
+
+
+@pytest.mark.parametrize(("hd", "use_fp4"), [(512, False), (128, False), (128, True)])
+def test_compress_norm_rope_store_prefill_equal(hd: int, use_fp4: bool) -> None:
+    page_size, n_pages, ratio = 16, 30, 4
+    page_bytes = X._v4_page_bytes(page_size) if hd == 512 else \
+        (X.INDEXER_FP4_BYTES if use_fp4 else X.INDEXER_FP8_BYTES) * page_size
+    rid, r2t, f2s, seq, ext, sps = _prefill_ctx(ratio, 8)
+    n = int(ext.sum())
+    plan_c, _ = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, ratio, sps, 8, True)
+    valid = X._compress_plan(plan_c)[0]
+    kv = torch.randn(n, hd).to(torch.bfloat16)
+    kv[~valid] = _random_bytes(int((~valid).sum()), hd, dtype=torch.bfloat16)  # padding rows: garbage
+    out_loc = torch.randperm(n_pages * page_size)[:n]  # indexed by ragged id
+    cache = torch.randint(0, 256, (n_pages, page_bytes), dtype=torch.uint8)
+    args = [kv, plan_c, (torch.randn(hd) * 0.3 + 1).float(), 1e-6, _freqs(600), out_loc, cache, False, ratio,
+            page_size, use_fp4]
+    _run_both(X.compress_norm_rope_store, _old_compress_norm_rope_store_prefill, args, written=[6])
+
+
 # ------------------------------------------------------------------------------------------------
 # 2. Capturability proxy
 # ------------------------------------------------------------------------------------------------
@@ -477,6 +615,21 @@ def _graph_safe_calls() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
             torch.randn(2, 4), torch.tensor([[70], [5]], dtype=torch.int32),
             torch.tensor([[0, 2], [1, 0]], dtype=torch.int32), torch.empty(9, 2, dtype=torch.int32), 128]),
     }
+    rid, r2t, f2s, seq, ext, sps = _prefill_ctx(4, 16)
+    n = int(ext.sum())
+    calls["plan_compress_prefill[padded,4]"] = (X.plan_compress_prefill, [
+        rid, r2t, f2s, seq, ext, torch.empty(0, dtype=torch.uint8), n, 4, sps, 16, True])
+    calls["plan_compress_prefill[padded,128]"] = (X.plan_compress_prefill, [
+        rid, r2t, f2s, seq, ext, torch.empty(0, dtype=torch.uint8), n, 128, sps, 128, True])
+    calls["plan_compress_prefill_legacy[padded]"] = (X.plan_compress_prefill_legacy, [
+        rid, seq, ext, torch.empty(0, dtype=torch.uint8), n, 4, True])
+    calls["flash_compress4_prefill"] = (X.flash_compress4_prefill, _prefill_compress_case(4, torch.bfloat16, False))
+    calls["flash_compress128_prefill"] = (X.flash_compress128_prefill,
+                                          _prefill_compress_case(128, torch.bfloat16, False))
+    plan_c = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, 4, sps, 16, True)[0]
+    calls["compress_norm_rope_store[prefill plan]"] = (X.compress_norm_rope_store, [
+        torch.randn(n, 512).to(torch.bfloat16), plan_c, torch.randn(512), 1e-6, _freqs(600),
+        torch.randperm(30 * 16)[:n], torch.zeros(30, X._v4_page_bytes(16), dtype=torch.uint8), False, 4, 16])
     for name, args in _mhc_args().items():
         calls[name] = (getattr(X, name), args)
     return calls
@@ -515,6 +668,10 @@ _OLD = {
                                             "fused_q_indexer_rope_hadamard_quant"),
     "topk_transform": (_old_topk_transform, "topk_transform"),
     "topk_transform_ragged": (_old_topk_transform_ragged, "torch.ops.sgl_kernel.topk_transform_ragged"),
+    "flash_compress4_prefill": (_old_flash_compress4_prefill, "flash_compress4_prefill"),
+    "flash_compress128_prefill": (_old_flash_compress128_prefill, "flash_compress128_prefill"),
+    "compress_norm_rope_store_prefill": (_old_compress_norm_rope_store_prefill,
+                                         "compress_norm_rope_store[prefill plan]"),
 }
 
 
@@ -536,11 +693,12 @@ def test_proxy_catches_host_to_device_copies() -> None:
         _run_on_meta(lambda x: x.copy_(torch.ones(2)), torch.ones(2))
 
 
-def test_prefill_planner_is_not_capturable() -> None:
-    """plan_compress_prefill compacts its events on the host (prefill only): the proxy says so."""
-    seq, ext = torch.tensor([9, 20]), torch.tensor([9, 4])
-    args = [torch.arange(2), torch.randint(0, 64, (2, 64), dtype=torch.int32), torch.arange(64), seq, ext,
-            torch.empty(0, dtype=torch.uint8), 13, 4, 16, 8, True]
-    X.plan_compress_prefill(*args)
-    with pytest.raises((RuntimeError, NotImplementedError), match="graph proxy|meta"):  # its .cpu() copies
-        _run_on_meta(X.plan_compress_prefill, *args)
+def test_unpadded_prefill_planner_is_not_capturable() -> None:
+    """The unpadded prefill plan has a data-dependent row count, so it is built on the host (and the
+    padded path used the same host code before): the proxy rejects it. SGLang asks for it only in
+    eager prefill (seq_lens on the host, use_cuda_graph False)."""
+    rid, r2t, f2s, seq, ext, sps = _prefill_ctx(4, 8)
+    n = int(ext.sum())
+    with pytest.raises((RuntimeError, NotImplementedError), match="graph proxy|meta"):
+        with _graph_capture_proxy():  # host lengths, device tables: the tables are copied to the host
+            X.plan_compress_prefill(_meta(rid), _meta(r2t), _meta(f2s), seq, ext, torch.empty(0), n, 4, sps, 8, False)
