@@ -46,11 +46,19 @@ _REF_BYTES = 256 << 20
 # ----------------------------------------------------------------------------------------------
 
 
+def _e2m1_values(code: torch.Tensor) -> torch.Tensor:
+    """e2m1 codes (int, bit 3 = sign) -> fp32, computed on the codes' device: the same exact values as
+    the `_E2M1` table without a host-to-device copy of it (which a CUDA graph cannot capture)."""
+    e = (code >> 1) & 3
+    m = (code & 1).to(torch.float32)
+    mag = torch.where(e == 0, m * 0.5, (1.0 + m * 0.5) * torch.exp2((e - 1).to(torch.float32)))
+    return torch.where((code >> 3) == 1, -mag, mag)
+
+
 def dequant_fp4_reference(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 `[..., D/2]` + packed UE8M0 int32 `[...]` (4 bytes, one per 32 values) -> fp32 `[..., D]`."""
     p = packed.view(torch.uint8).to(torch.int64)
-    lut = torch.tensor(_E2M1, dtype=torch.float32, device=packed.device)
-    vals = torch.stack([lut[p & 0xF], lut[p >> 4]], dim=-1).flatten(-2)  # [..., D]
+    vals = torch.stack([_e2m1_values(p & 0xF), _e2m1_values(p >> 4)], dim=-1).flatten(-2)  # [..., D]
     d = vals.shape[-1]
     exps = sf.to(torch.int32).contiguous().view(torch.uint8).view(*sf.shape, 4).to(torch.int32)
     scale = (exps << 23).view(torch.float32)  # 2**(e-127), exact

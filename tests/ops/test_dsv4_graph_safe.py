@@ -77,6 +77,7 @@ def _meta(t: torch.Tensor) -> torch.Tensor:
 
 def _run_on_meta(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     conv = [(_meta(a) if isinstance(a, torch.Tensor) else a) for a in args]
+    conv = [tuple(_meta(x) for x in a) if isinstance(a, tuple) else a for a in conv]
     kw = {k: (_meta(v) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
     with _graph_capture_proxy():
         return fn(*conv, **kw)
@@ -615,6 +616,11 @@ def _graph_safe_calls() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
             torch.randn(2, 4), torch.tensor([[70], [5]], dtype=torch.int32),
             torch.tensor([[0, 2], [1, 0]], dtype=torch.int32), torch.empty(9, 2, dtype=torch.int32), 128]),
     }
+    calls["deep_gemm.fp8_fp4_paged_mqa_logits[torch,fp4]"] = (deep_gemm.fp8_fp4_paged_mqa_logits, [
+        (torch.randint(-128, 127, (2, 1, 4, 64), dtype=torch.int8), torch.randint(0, 2**30, (2, 1, 4), dtype=torch.int32)),
+        torch.randint(0, 255, (3, 64, 1, 68), dtype=torch.uint8), torch.randn(2, 4),
+        torch.tensor([[70], [5]], dtype=torch.int32), torch.tensor([[0, 2], [1, 0]], dtype=torch.int32),
+        torch.empty(9, 2, dtype=torch.int32), 128])
     rid, r2t, f2s, seq, ext, sps = _prefill_ctx(4, 16)
     n = int(ext.sum())
     calls["plan_compress_prefill[padded,4]"] = (X.plan_compress_prefill, [
@@ -647,6 +653,12 @@ class _NoLaunch:
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         return lambda *a, **k: None
+
+
+def test_e2m1_values_match_the_table() -> None:
+    """kernels_triton.indexer computes e2m1 values on the device instead of copying its table there."""
+    got = IX._e2m1_values(torch.arange(16))
+    assert _same_bits(got, torch.tensor(IX._E2M1, dtype=torch.float32))  # -0.0 included
 
 
 def test_indexer_triton_wrapper_is_capturable(monkeypatch: pytest.MonkeyPatch) -> None:
