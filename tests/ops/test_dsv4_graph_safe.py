@@ -691,7 +691,7 @@ _OLD = {
 def test_proxy_catches_the_old_implementations(name: str) -> None:
     old, example = _OLD[name]
     _, args = _graph_safe_calls()[example]
-    old(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])  # a valid call on CPU
+    # (the equality tests run the same old code on CPU: it is a valid call there)
     with pytest.raises(RuntimeError, match="graph proxy"):  # nonzero, .item() or torch.tensor(device=...)
         _run_on_meta(old, *args)
 
