@@ -19,35 +19,48 @@ def moe_align_block_size_ref(topk_ids: torch.Tensor, num_experts: int, block_siz
                              sorted_token_ids: torch.Tensor, experts_ids: torch.Tensor,
                              num_tokens_post_pad: torch.Tensor, cumsum_buffer: torch.Tensor | None,
                              pad_sorted_token_ids: bool = False, ignore_invalid_expert: bool = False) -> None:
-    """Write sorted_token_ids, experts_ids, num_tokens_post_pad (and cumsum_buffer) in place."""
+    """Write sorted_token_ids, experts_ids, num_tokens_post_pad (and cumsum_buffer) in place.
+
+    Fixed shapes and no host synchronisation (SGLang calls it inside captured CUDA graphs):
+    dropped slots sort last and land in a scratch slot past the end of a working copy, and the
+    padded total stays a device tensor.
+    """
     flat = topk_ids.reshape(-1).to(torch.int64)
     numel = flat.numel()
     dev = flat.device
     bucket = flat + 1
-    keep = (flat >= 0) & (flat < num_experts - 1)
+    in_range = (flat >= 0) & (flat < num_experts - 1)
     if ignore_invalid_expert:
-        bucket = torch.where(keep, bucket, torch.full_like(bucket, -1))
+        bucket = torch.where(in_range, bucket, torch.full_like(bucket, -1))
     else:
-        bucket = torch.where(keep, bucket, torch.zeros_like(bucket))
-    counts = torch.bincount(bucket[bucket >= 0], minlength=num_experts)[:num_experts]
+        bucket = torch.where(in_range, bucket, torch.zeros_like(bucket))
+    kept = bucket >= 0
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, bucket.clamp(min=0), kept.to(torch.int64))
     padded = (counts + block_size - 1) // block_size * block_size
     cums = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
     cums[1:] = torch.cumsum(padded, 0)
-    total = int(cums[-1])
+    total = cums[-1]
+    cap = sorted_token_ids.numel()
+    work = torch.empty(cap + 1, dtype=sorted_token_ids.dtype, device=dev)
+    work[:cap] = sorted_token_ids
     if pad_sorted_token_ids:
-        sorted_token_ids[:total].fill_(numel)
-    valid_pos = torch.nonzero(bucket >= 0).reshape(-1)
-    vb = bucket[valid_pos]
-    order = torch.argsort(vb, stable=True)
-    sorted_b = vb[order]
+        slot = torch.arange(cap, device=dev)
+        work[:cap] = torch.where(slot < total, torch.full_like(work[:cap], numel), work[:cap])
+    key = torch.where(kept, bucket, torch.full_like(bucket, num_experts))
+    order = torch.argsort(key, stable=True)
+    sorted_key = key[order]
     starts = torch.zeros(num_experts + 1, dtype=torch.int64, device=dev)
     starts[1:] = torch.cumsum(counts, 0)
-    rank = torch.arange(sorted_b.numel(), device=dev) - starts[sorted_b]
-    dst = cums[sorted_b] + rank
-    sorted_token_ids[dst] = valid_pos[order].to(sorted_token_ids.dtype)
-    n_blocks = total // block_size
-    block_bucket = torch.repeat_interleave(torch.arange(num_experts, device=dev), padded // block_size)
-    experts_ids[:n_blocks] = (block_bucket - 1).to(experts_ids.dtype)
-    num_tokens_post_pad.fill_(total)
+    valid = sorted_key < num_experts
+    b = sorted_key.clamp(max=num_experts - 1)
+    rank = torch.arange(numel, device=dev) - starts[b]
+    dst = torch.where(valid, cums[b] + rank, torch.full_like(rank, cap))
+    work[dst] = order.to(work.dtype)
+    sorted_token_ids.copy_(work[:cap])
+    block = torch.arange(experts_ids.numel(), device=dev)
+    block_bucket = torch.searchsorted(cums // block_size, block, right=True) - 1
+    experts_ids.copy_(torch.where(block < total // block_size, (block_bucket - 1).to(experts_ids.dtype), experts_ids))
+    num_tokens_post_pad.copy_(total.expand(num_tokens_post_pad.shape))
     if cumsum_buffer is not None:
         cumsum_buffer[: num_experts + 1] = cums.to(cumsum_buffer.dtype)

@@ -79,3 +79,39 @@ def test_moe_sum_reduce_gpu() -> None:
     out = torch.full((4096, 5120), float("nan"), dtype=torch.bfloat16, device="cuda")
     sgl_kernel.moe_sum_reduce(x, out, 1.5)
     assert_no_nan_close(out, x.float().sum(1) * 1.5, 1e-2, 5e-2)
+
+
+@pytest.mark.parametrize("ignore_invalid", [False, True])
+def test_moe_align_random_with_invalid_ids_and_capture_proxy(ignore_invalid: bool) -> None:
+    # Random ids incl. -1 (EP-masked) and out-of-range ids, against a per-bucket counting reference,
+    # then the same call on meta tensors under the CUDA-graph capture proxy of test_dsv4_graph_safe
+    # (no host sync, no data-dependent shape, no host -> device copy): SGLang calls it inside graphs.
+    from tests.ops.test_dsv4_graph_safe import _run_on_meta
+
+    torch.manual_seed(7)
+    experts, block = 12, 8
+    n = experts + 1
+    ids = torch.randint(-1, experts + 2, (37, 3), dtype=torch.int32)
+    max_pad = ids.numel() + n * (block - 1)
+    sorted_ids = torch.full((max_pad,), -7, dtype=torch.int32)
+    exp_ids = torch.full((max_pad // block + 1,), 99, dtype=torch.int32)
+    post = torch.full((1,), -1, dtype=torch.int32)
+    cums = torch.full((n + 1,), -1, dtype=torch.int32)
+    sgl_kernel.moe_align_block_size(ids, n, block, sorted_ids, exp_ids, post, cums, True, ignore_invalid)
+    flat = ids.view(-1).long()
+    valid = (flat >= 0) & (flat < experts)
+    bucket = torch.where(valid, flat + 1, torch.full_like(flat, -1 if ignore_invalid else 0))
+    start = 0
+    for b in range(n):
+        members = torch.nonzero(bucket == b).view(-1).tolist()
+        size = (len(members) + block - 1) // block * block
+        seg = sorted_ids[start:start + size]
+        assert sorted(seg[:len(members)].tolist()) == members
+        assert (seg[len(members):] == ids.numel()).all()
+        assert (exp_ids[start // block:(start + size) // block] == b - 1).all()
+        assert int(cums[b]) == start
+        start += size
+    assert int(post) == start == int(cums[n])
+    assert (exp_ids[start // block:] == 99).all() and (sorted_ids[start:] == -7).all()
+    _run_on_meta(sgl_kernel.moe_align_block_size, ids, n, block, sorted_ids, exp_ids, post, cums, True,
+                 ignore_invalid)
