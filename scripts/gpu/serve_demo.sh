@@ -2,7 +2,7 @@
 # Issue 5's GPU evidence: `winport serve --demo` on CUDA, run by the live server tests, on the H200
 # device machine (which has torch/triton but neither SGLang nor its pure-Python dependencies and no
 # network). The wheels travel in .whlserve/ (the repacked SGLang wheel from .cache/install/repacked
-# plus the dependencies the device image lacks, fetched here with `pip download --python-version 3.12`).
+# plus the dependencies the device image lacks: scripts/gpu/fetch_serve_wheels.sh fills it).
 # Usage (device, repo root): bash scripts/gpu/serve_demo.sh [pytest args...]
 #        bash scripts/gpu/serve_demo.sh --probe   (list the CUDA JIT kernels SGLang still asks for:
 #        scripts/gpu/jit_probe.py; start the demo server, send one request, print the list)
@@ -10,7 +10,7 @@ set -u
 SITE=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whlserve/*.whl \
   || { echo "wheel install failed"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "$SITE" . \
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade --target "$SITE" . \
   || { echo "winport install failed"; exit 2; }
 # --target installs skip .pth files; sitecustomize does what winport_shims.pth does in a venv, in
 # every interpreter (pytest, `winport serve`, SGLang's spawned scheduler/detokenizer).

@@ -55,7 +55,8 @@ def _free_port() -> int:
 def server() -> Iterator[Server]:
     """Start `winport serve --demo` once for this module; stop it (if still running) at the end."""
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WINPORT_", "SGLANG_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("WINPORT_", "SGLANG_")) or k == "WINPORT_CUDA_GRAPH"}
     env.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(REPO_ROOT / ".cache" / "winport-test"),
                 "PYTHONUNBUFFERED": "1"})
     cmd = [sys.executable, "-m", "winport", "serve", "--demo", "--port", str(port), "--api-key", API_KEY,
