@@ -15,6 +15,13 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# WINPORT_RECORD_TRITON=1: record the specializations of every kernels_triton launch and write
+# tests/ops/triton_specializations.json at the end of the session (see tests/ops/README.md).
+if os.environ.get("WINPORT_RECORD_TRITON"):
+    from tests.ops.triton_specializations import pytest_sessionfinish, start_recording  # noqa: F401
+
+    start_recording()
+
 # Paths every CPU test runs: the shim's torch reference and the Triton kernel (interpreted).
 PATHS = ["torch", "triton"]
 
