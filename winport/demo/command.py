@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16", action="store_true",
                     help="write plain bf16 weights (the same values) instead of DeepSeek's FP8 dense + MXFP4 experts")
     ap.add_argument("--gguf", type=Path, default=None, metavar="OUT",
-                    help="also write the model as a GGUF file (llama.cpp deepseek4 names) at OUT")
+                    help="also write the model as a GGUF file (llama.cpp deepseek4 / deepseek41 names) at OUT")
     ap.add_argument("--q8-0", action="store_true", help="with --gguf: store dense linear weights as Q8_0")
     args = ap.parse_args(argv)
     # None: the variant's default (V4: FP8 + MXFP4). GGUF export reads the plain bf16 form.
@@ -27,13 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.gguf is not None:
         from winport.gguf.export import export_demo_gguf
 
-        if args.variant != "v4":
-            # export_demo_gguf builds and writes the v4 demo; the V4.1 export (engram table in a
-            # GGUF FP8 type, deepseek41 identity and engram hparams) is not written yet.
-            ap.error(f"--gguf: only the v4 demo can be exported to GGUF so far, not --variant {args.variant}")
         if args.force or args.seed != 0 or not is_current(out, args.variant, quantized):
             build_demo(out, args.variant, args.seed, quantized=quantized)
-        path = export_demo_gguf(args.gguf, dense_q8_0=args.q8_0, folder=out)
+        path = export_demo_gguf(args.gguf, dense_q8_0=args.q8_0, folder=out, variant=args.variant)
         print(f"winport demo-model: wrote {path}")
         return 0
     if not args.force and args.seed == 0 and is_current(out, args.variant, quantized):

@@ -29,6 +29,9 @@ from .reader import GGUFError
 
 Q8_0_BLOCK = 32
 Q8_0_BYTES = 34  # fp16 scale + 32 int8
+MXFP8_BLOCK = 256  # fork type 43 (winport.gguf.types): 8 E8M0 scales, then 256 e4m3 values
+MXFP8_BYTES = 264
+MXFP8_TYPE_ID = 43
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ def _reverse_table() -> list[_Reverse]:
         pat = re.escape(e.target).replace(r"\{L\}", r"(?P<L>\d+)").replace(r"\{E\}", r"(?P<E>\d+)")
         if e.role == "experts":
             pat += r"\.weight"  # converters yield <target>.weight per expert
+        elif e.role == "engram":
+            # The checkpoint holds the table as two tensors (FP8 rows + E8M0 scales); the GGUF as one.
+            pat += r"\.(?P<part>weight|scale)"
         out.append(_Reverse(re.compile("^" + pat + "$"), e.gguf[0], e.role))
     return out
 
@@ -149,14 +155,19 @@ def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
         raise GGUFError(f"{folder}: no *.safetensors files")
     plans: dict[str, _Planned] = {}
     experts: dict[str, dict[int, tuple[str, str, tuple[int, ...], str]]] = {}
+    engram: dict[str, dict[str, tuple[str, str, tuple[int, ...], str]]] = {}
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
                 sl = st.get_slice(name)
                 shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
+                g, role, e = gguf_name(name)
+                if role == "engram":
+                    engram.setdefault(g, {})["scale" if name.endswith(".scale") else "weight"] = (
+                        str(f), name, shape, dtype)
+                    continue
                 if dtype not in _ST_TO_NP:
                     raise GGUFError(f"{f}: tensor {name!r}: dtype {dtype} is not exported")
-                g, role, e = gguf_name(name)
                 if e is not None:
                     experts.setdefault(g, {})[e] = (str(f), name, shape, dtype)
                     continue
@@ -172,6 +183,8 @@ def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
             raise GGUFError(f"{folder}: experts of {g!r} differ in shape or dtype")
         plans[g] = _Planned(g, "experts", [(v[0], v[1]) for _, v in sorted(by_e.items())],
                             (len(by_e), *first[2]), first[3])
+    for g, parts in engram.items():
+        plans[g] = _plan_engram(folder, g, parts)
 
     def order(p: _Planned) -> tuple[int, int, str]:
         m = re.match(r"^blk\.(\d+)\.", p.gguf)
@@ -180,10 +193,64 @@ def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
     return sorted(plans.values(), key=order)
 
 
+def engram_gguf_shape(rows: int, dim: int) -> tuple[int, int]:
+    """numpy-order shape of an engram table of ``rows`` x ``dim`` values stored as MXFP8.
+
+    ggml needs whole 256-value MXFP8 blocks per GGUF row. V4.1-Flash's rows are 256 wide (one block
+    each: the shape is [rows, dim]); narrower rows whose width divides 256 (the demo's 64) are
+    packed back to back, ``256 // dim`` table rows per GGUF row, the last GGUF row zero-padded.
+    Both layouts are the same byte stream of blocks (8 E8M0 scales, then 256 e4m3 values), so the
+    reader splits them the same way and takes ``rows`` / ``dim`` from the engram hparams.
+    """
+    if dim % MXFP8_BLOCK == 0:
+        return rows, dim
+    if MXFP8_BLOCK % dim or dim % 32:
+        raise GGUFError(f"engram row width {dim}: neither a multiple nor a divisor of the MXFP8 block "
+                        f"({MXFP8_BLOCK}) in whole 32-value scale groups")
+    return -(-rows * dim // MXFP8_BLOCK), MXFP8_BLOCK
+
+
+def _plan_engram(folder: Path, g: str, parts: dict[str, tuple[str, str, tuple[int, ...], str]]) -> _Planned:
+    if set(parts) != {"weight", "scale"}:
+        missing = sorted({"weight", "scale"} - set(parts))
+        raise GGUFError(f"{folder}: engram table {g!r} lacks its {', '.join(missing)} tensor")
+    (fw, nw, sw, dw), (fs, ns, ss, ds) = parts["weight"], parts["scale"]
+    if dw != "F8_E4M3" or ds != "F8_E8M0":
+        raise GGUFError(f"{folder}: engram table {nw!r}/{ns!r} is {dw}/{ds}, exported only as F8_E4M3 + F8_E8M0")
+    if len(sw) != 2 or tuple(ss) != (sw[0], sw[1] // 32):
+        raise GGUFError(f"{folder}: engram table {nw!r} {list(sw)} with scales {list(ss)}: "
+                        "want [rows, dim] and [rows, dim / 32]")
+    return _Planned(g, "engram", [(fw, nw), (fs, ns)], engram_gguf_shape(sw[0], sw[1]), "MXFP8")
+
+
+def _engram_blocks(p: _Planned) -> np.ndarray:
+    """FP8 rows + E8M0 scales -> MXFP8 blocks uint8 [n_blocks, 264] (bytes copied, zero-padded)."""
+    import torch
+    from safetensors import safe_open
+
+    (fw, nw), (fs, ns) = p.sources
+    with safe_open(fw, framework="pt") as st:
+        w = st.get_tensor(nw).view(torch.uint8).numpy().reshape(-1)
+    with safe_open(fs, framework="pt") as st:
+        s = st.get_tensor(ns).view(torch.uint8).numpy().reshape(-1)
+    n_blocks = p.shape[0] * p.shape[1] // MXFP8_BLOCK
+    out = np.zeros((n_blocks, MXFP8_BYTES), dtype=np.uint8)
+    n_full = w.size // MXFP8_BLOCK
+    out[:n_full, 8:] = w[: n_full * MXFP8_BLOCK].reshape(n_full, MXFP8_BLOCK)
+    out[:n_full, :8] = s[: n_full * 8].reshape(n_full, 8)
+    tail = w.size - n_full * MXFP8_BLOCK
+    if tail:
+        out[n_full, 8 : 8 + tail] = w[n_full * MXFP8_BLOCK :]
+        out[n_full, : tail // 32] = s[n_full * 8 :]
+    return out
+
+
 def _load(p: _Planned) -> np.ndarray:
     """The planned tensor's stored bytes as numpy (bf16 as int16), experts stacked."""
     from safetensors import safe_open
 
+    if p.role == "engram":
+        return _engram_blocks(p)
     parts = []
     for f, name in p.sources:
         with safe_open(f, framework="pt") as st:
@@ -210,6 +277,8 @@ def _ggml_type(p: _Planned) -> Any:
     T = gguf.GGMLQuantizationType
     if p.q8_0:
         return T.Q8_0
+    if p.dtype == "MXFP8":
+        return MXFP8_TYPE_ID  # a fork id gguf-py's enum lacks; its writer stores the number as is
     return {"BF16": T.BF16, "F32": T.F32, "F16": T.F16, "F64": T.F64, "I32": T.I32, "I64": T.I64,
             "I16": T.I16, "I8": T.I8}[p.dtype]
 
@@ -218,6 +287,8 @@ def _nbytes(p: _Planned) -> int:
     n = int(np.prod(p.shape, dtype=np.int64)) if p.shape else 1
     if p.q8_0:
         return n // Q8_0_BLOCK * Q8_0_BYTES
+    if p.dtype == "MXFP8":
+        return n // MXFP8_BLOCK * MXFP8_BYTES
     return n * np.dtype(_ST_TO_NP[p.dtype]).itemsize
 
 
@@ -293,12 +364,20 @@ def _check_config_round_trip(path: Path, config: dict[str, Any]) -> None:
         raise GGUFError(f"{path}: the GGUF hparams do not give config.json back ({detail})")
 
 
-def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: str | Path | None = None) -> Path:
-    """The demo model (built or cached by winport.demo.build) as a GGUF at ``out_path``."""
+def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: str | Path | None = None,
+                     variant: str = "v4") -> Path:
+    """The demo model (built or cached by winport.demo.build) as a GGUF at ``out_path``.
+
+    ``variant`` "v4" is written as llama.cpp's ``deepseek4`` architecture, "v41" as ``deepseek41``
+    (its engram table as MXFP8, fork type 43, see :func:`engram_gguf_shape`).
+    """
     from winport.demo.build import ensure_demo
 
+    archs = {"v4": "deepseek4", "v41": "deepseek41"}
+    if variant not in archs:
+        raise GGUFError(f"demo variant {variant!r}: no GGUF architecture for it ({', '.join(archs)})")
     # The plain bf16 form (the same values as the FP8 + MXFP4 demo): GGUF has no FP8 block type.
-    src = ensure_demo("v4", Path(folder) if folder else None, quantized=False)
-    return checkpoint_to_gguf(src, out_path, name="winport-demo-v4" + ("-Q8_0" if dense_q8_0 else "-BF16"),
+    src = ensure_demo(variant, Path(folder) if folder else None, quantized=False)
+    return checkpoint_to_gguf(src, out_path, arch=archs[variant],
+                              name=f"winport-demo-{variant}" + ("-Q8_0" if dense_q8_0 else "-BF16"),
                               dense_q8_0=dense_q8_0)
-

@@ -21,9 +21,12 @@ Sidecars (``draft=`` / ``mmproj=``: a path, None to look next to the model, Fals
   (LoadedGGUF.draft_config), so ``--speculative-algorithm DSPARK`` finds it at the model path.
 - A vision projector (mmproj) GGUF is checked and converted into the ``mmproj/`` subfolder
   (model.safetensors in SGLang's V4.1 vision names + vision_config.json). It is not put into the
-  model's own shards: SGLang builds the vision tower only for model_type deepseek_v41 configs and
-  would reject vision.* tensors in the deepseek_v4 checkpoint winport serves (see
+  model's own shards: SGLang builds the vision tower only for model_type deepseek_v41 configs with
+  vision_n_layers > 0 (a deepseek41 GGUF gives model_type deepseek_v41, but vision_n_layers only
+  when the file has the hparam) and the projector's llama.cpp names are unconfirmed (see
   winport.serve.command for what the server does with it).
+- V4.1 engram tables (role ``engram``, MXFP8 or F8_E4M3_B128) are written as
+  ``layers.N.engram.embed.weight`` / ``.scale`` (:func:`engram_tensors`), byte copies.
 Both are checked before any tensor data is read; what was bundled is recorded in the stamp file
 (:func:`sidecars`). The cache key covers the sidecar files too.
 
@@ -242,6 +245,58 @@ def gguf_to_checkpoint(
         loaded.close()
 
 
+def engram_tensors(loaded: Any, config: dict[str, Any]) -> list[tuple[str, Any]]:
+    """V4.1 engram tables as SGLang's checkpoint tensors: ``<target>.weight`` float8_e4m3fn
+    [rows, dim] and ``<target>.scale`` E8M0 [rows, dim / 32], bytes copied (no arithmetic).
+
+    An MXFP8 table is one stream of 264-byte blocks (8 E8M0 scales, then 256 e4m3 values) whatever
+    its GGUF row width (winport.gguf.export.engram_gguf_shape packs rows narrower than a block), so
+    the rows are cut from that stream with ``rows`` / ``dim`` from the config (engram_layer_ids,
+    engram_num_embeddings, engram_head_dim). Other FP8 types go through EngramTable.fp8_rows.
+    Each table is read whole here (fine for the demo; a 200 GB V4.1-Flash table needs a streaming
+    writer, not written yet).
+    """
+    import numpy as np
+
+    from .convert import e8m0_tensor
+
+    tables = loaded.engram_tables()
+    if not tables:
+        return []
+    path = loaded.model.paths[0]
+    try:
+        layer_ids = list(config["engram_layer_ids"])
+        rows_by_layer = dict(zip(layer_ids, config["engram_num_embeddings"], strict=True))
+        dim = int(config["engram_head_dim"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise GGUFError(f"{path}: engram tables present but the engram hparams are missing or bad ({e!r})") from e
+    import torch
+
+    out = []
+    for target, table in sorted(tables.items()):
+        layer = int(target.split(".")[1])
+        if layer not in rows_by_layer:
+            raise GGUFError(f"{path}: tensor {table.tensor.name!r}: layer {layer} is not in engram_layer_ids "
+                            f"{layer_ids}")
+        rows = int(rows_by_layer[layer])
+        if table.tensor.type.name == "MXFP8":
+            blocks = np.ascontiguousarray(table.tensor.raw()).reshape(-1, 264)
+            n_vals = rows * dim
+            if not (n_vals <= blocks.shape[0] * 256 < n_vals + 256):
+                raise GGUFError(f"{path}: tensor {table.tensor.name!r}: {blocks.shape[0]} MXFP8 blocks do not "
+                                f"hold exactly {rows} rows x {dim} values (engram hparams)")
+            w = np.ascontiguousarray(blocks[:, 8:]).reshape(-1)[:n_vals].reshape(rows, dim)
+            sc = np.ascontiguousarray(blocks[:, :8]).reshape(-1)[: n_vals // 32].reshape(rows, dim // 32)
+        else:
+            if (table.num_rows, table.dim) != (rows, dim):
+                raise GGUFError(f"{path}: tensor {table.tensor.name!r}: {table.num_rows} x {table.dim}, the engram "
+                                f"hparams say {rows} x {dim}")
+            w, sc = table.fp8_rows(slice(None))
+        out.append((target + ".weight", torch.from_numpy(np.ascontiguousarray(w)).view(torch.float8_e4m3fn)))
+        out.append((target + ".scale", e8m0_tensor(sc)))
+    return out
+
+
 def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
                   progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any) -> None:
     meta = loaded.metadata
@@ -270,6 +325,11 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
             seen.add(name)
             n_draft += i
             writer.add(name, t)
+    for name, t in engram_tensors(loaded, config):
+        if name in seen:
+            raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
+        seen.add(name)
+        writer.add(name, t)
     weight_files = writer.finish()
     stamp: dict[str, Any] = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
                              "dense_fp8": dense_fp8, "weights": weight_files, "tensors": len(seen)}
