@@ -13,7 +13,7 @@ Checked here:
   definition in test_dequant.py) to the table's values computed independently in float64 from the
   safetensors FP8 rows and E8M0 scales;
 - ``winport demo-model --variant v41 --gguf`` writes the file;
-- live (slow, ~10 min on 2 cores: two v41 servers one after the other): `winport serve --model
+- live (slow, about 3 min on the shared 2-core machine: two v41 servers one after the other): `winport serve --model
   v41.gguf` and `winport serve --model <v41 demo folder>` give the same greedy tokens and the same
   prompt logprobs, float for float.
 """
