@@ -212,8 +212,8 @@ DRAFT_CPU_REASON = ("SGLang 0.5.23 runs DSpark speculative decoding only on CUDA
                     "(sglang/srt/arg_groups/speculative_hook.py, _handle_dspark), and this server runs on the CPU")
 MMPROJ_REASON = ("SGLang 0.5.23 builds the DeepSeek-V4.1 vision tower only for a config with model_type "
                  "deepseek_v41 and vision_n_layers > 0, loading vision.*/aligner.*/image_* tensors from the model "
-                 "checkpoint itself (models/deepseek_v4.py); winport serves GGUF checkpoints as model_type "
-                 "deepseek_v4, text only, and the projector's llama.cpp tensor names are unconfirmed, so images "
+                 "checkpoint itself (models/deepseek_v4.py); winport's converted checkpoint carries no vision hparams "
+                 "(vision_n_layers stays 0) and the projector's llama.cpp tensor names are unconfirmed, so images "
                  "are not served")
 
 
