@@ -7,8 +7,8 @@ mmproj in llama.cpp's clip spelling. What SGLang 0.5.23 expects (read from its s
   config.json, served with ``--speculative-algorithm DSPARK`` (draft path = the model path); DSpark
   runs on CUDA/NPU/XPU only, so on the CPU the draft is checked but not used;
 - mmproj: V4.1's vision tower lives in the model checkpoint (vision.*, aligner.*, image_*) and is
-  built only for model_type deepseek_v41; winport serves deepseek_v4 text-only checkpoints, so the
-  projector is checked and converted into <checkpoint>/mmproj but not served.
+  built only for model_type deepseek_v41 with vision_n_layers > 0; winport's converted checkpoints carry no
+  vision hparams, so the projector is checked and converted into <checkpoint>/mmproj but not served.
 """
 
 from __future__ import annotations
