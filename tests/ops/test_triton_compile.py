@@ -124,6 +124,11 @@ def test_records_match_the_kernels() -> None:
             if recorded != names:
                 problems.append(f"{kernel}: recorded {sorted(recorded ^ names)} differ from its parameters")
                 break
+    for kernel, rule in ts.GPU_CONSTEXPRS.items():
+        fn = functions.get(kernel)
+        entries = SPECS.get(kernel, [])
+        if fn is None or not entries or not set(rule(entries[0])) <= set(entries[0]["constexprs"]):
+            problems.append(f"GPU_CONSTEXPRS[{kernel!r}] names a kernel or constexpr that is not recorded")
     assert not problems, "stale triton_specializations.json, regenerate (" + ts.REGENERATE + "):\n" + "\n".join(
         problems)
 

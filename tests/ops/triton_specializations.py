@@ -431,21 +431,60 @@ def launch_roots(functions: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 # ============================================================================ compiling
+# Constexprs whose launchers choose one value under TRITON_INTERPRET and another on a GPU (the
+# interpreter cannot do bf16/fp8 tl.dot, rounding by .to(bf16), ...). The recorded value is then one
+# no GPU ever runs, so jobs compile the GPU value instead (all_attrs, the slow variant: both).
+# Each function maps a recorded entry to the constexprs a GPU launch of it would use.
+GPU_CONSTEXPRS: dict[str, Callable[[Json], dict[str, Any]]] = {
+    # flash_attn.py: UPCAST=q.device.type == "cpu" or q.dtype == torch.float32
+    "kernels_triton.flash_attn:_fa_fwd_kernel": lambda e: {"UPCAST": e["signature"].get("q_ptr") == "*fp32"},
+    # fp8_gemm.py: F32_DOT=TRITON_INTERPRET == "1"
+    "kernels_triton.fp8_gemm:_fp8_block_gemm_kernel": lambda e: {"F32_DOT": False},
+    # fp8_gemm.py: ROUND_BY_HAND=TRITON_INTERPRET == "1"
+    "kernels_triton.fp8_gemm:_dequant_bf16_kernel": lambda e: {"ROUND_BY_HAND": False},
+    # indexer.py / sparse_mla.py: DOT_F32=interpreting()
+    "kernels_triton.indexer:_mqa_logits_kernel": lambda e: {"DOT_F32": False},
+    "kernels_triton.sparse_mla:_sparse_mla_fwd_kernel": lambda e: {"DOT_F32": False},
+}
+
+
+def _gpu_entries(kernel: str, entry: Json, both: bool) -> list[Json]:
+    """entry with GPU_CONSTEXPRS applied (and the recorded one too when both)."""
+    rule = GPU_CONSTEXPRS.get(kernel)
+    if rule is None:
+        return [entry]
+    gpu = {k: v for k, v in rule(entry).items() if k in entry["constexprs"]}
+    twin = {**entry, "constexprs": {**entry["constexprs"], **gpu}}
+    if twin["constexprs"] == entry["constexprs"]:
+        return [entry]
+    twin["test"] = f"{entry.get('test', '')} (with the GPU value of {sorted(gpu)})"
+    return [entry, twin] if both else [twin]
+
+
 def make_jobs(specs: Json, archs: Iterable[int], all_attrs: bool = False,
               kernels: Iterable[str] | None = None) -> list[Json]:
-    """One compile job per (kernel, entry, arch[, attrs variant]); the first attrs variant unless all_attrs."""
+    """One compile job per (kernel, entry, arch[, attrs variant]), deduplicated.
+
+    CI form: the first (most 16-divisible) attrs variant, and GPU_CONSTEXPRS' GPU values in place of
+    interpreter-only ones; all_attrs: every attrs variant, and the recorded values as well.
+    """
     jobs: list[Json] = []
+    seen: set[str] = set()
     wanted = set(kernels) if kernels is not None else None
-    for kernel, entries in specs.items():
+    for kernel, recorded in specs.items():
         if wanted is not None and kernel not in wanted:
             continue
-        for entry in entries:
+        for entry in (g for e in recorded for g in _gpu_entries(kernel, e, all_attrs)):
             variants = entry["attrs"] if all_attrs else entry["attrs"][:1]
             for attrs in variants or [{}]:
                 for arch in archs:
-                    jobs.append({"id": len(jobs), "kernel": kernel, "arch": arch,
-                                 "signature": entry["signature"], "constexprs": entry["constexprs"],
-                                 "attrs": attrs, "options": entry["options"], "test": entry.get("test", "")})
+                    job = {"kernel": kernel, "arch": arch, "signature": entry["signature"],
+                           "constexprs": entry["constexprs"], "attrs": attrs, "options": entry["options"]}
+                    key = json.dumps(job, sort_keys=True)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                    jobs.append({"id": len(jobs), **job, "test": entry.get("test", "")})
     return jobs
 
 
