@@ -336,6 +336,10 @@ def write_specs(path: Path = SPECS_PATH) -> tuple[int, int, list[str]]:
             _RECORDER.load(data["kernels"])
             errors += data["errors"]
             f.unlink()
+        try:  # the folder start_recording made; a child still running keeps it (and its file)
+            Path(child_dir).rmdir()
+        except OSError:
+            pass
     if errors:
         return 0, 0, errors
     old = json.loads(path.read_text())["kernels"] if path.exists() else {}
