@@ -11,73 +11,29 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 
 from tests.helpers import REPO_ROOT
+from tests.serve._server import Server, start, stop, wait_ready
 
 API_KEY = "test-key-123"
 MAX_RUNNING = 4
-START_TIMEOUT_S = 900  # a cold CI machine builds the demo model and imports SGLang first
-
-
-@dataclass
-class Server:
-    """A running `winport serve` process and what it printed."""
-
-    proc: subprocess.Popen[str]
-    url: str
-    output: list[str] = field(default_factory=list)
-
-    def text(self) -> str:
-        """Everything printed so far."""
-        return "".join(self.output)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
     """Start `winport serve --demo` once for this module; stop it (if still running) at the end."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WINPORT_", "SGLANG_")) or k == "WINPORT_CUDA_GRAPH"}
-    env.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(REPO_ROOT / ".cache" / "winport-test"),
-                "PYTHONUNBUFFERED": "1"})
-    cmd = [sys.executable, "-m", "winport", "serve", "--demo", "--port", str(port), "--api-key", API_KEY,
-           "--max-running-requests", str(MAX_RUNNING)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO_ROOT)
-    srv = Server(proc, f"http://127.0.0.1:{port}")
-    threading.Thread(target=lambda: srv.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while "winport serve: ready at" not in srv.text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"winport serve did not become ready (exit {proc.poll()}):\n{srv.text()[-6000:]}")
-        time.sleep(1)
+    srv = start(["--demo", "--api-key", API_KEY, "--max-running-requests", str(MAX_RUNNING)])
+    wait_ready(srv)
     yield srv
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    stop(srv)
 
 
 def _client(srv: Server, key: str | None = API_KEY):  # type: ignore[no-untyped-def]

@@ -11,20 +11,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 
-from tests.helpers import REPO_ROOT
+from tests.serve._server import Server, start, stop, wait_ready
 
-START_TIMEOUT_S = 900
 PROMPT = (
     "The server loads 42 weights. def main(): return x + y. hello world windows linux deepseek "
     "flash attention sparse memory? The scheduler routes 7 tokens. import torch."
@@ -32,72 +26,24 @@ PROMPT = (
 NEW_TOKENS = 8
 
 
-@dataclass
-class Served:
-    """A running `winport serve` and what it printed."""
-
-    tp: int
-    proc: subprocess.Popen[str]
-    url: str
-    output: list[str] = field(default_factory=list)
-
-    def text(self) -> str:
-        """Everything printed so far."""
-        return "".join(self.output)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(tp: int) -> Served:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WINPORT_", "SGLANG_"))}
-    env.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(REPO_ROOT / ".cache" / "winport-test"),
-                "PYTHONUNBUFFERED": "1"})
-    cmd = [sys.executable, "-m", "winport", "serve", "--demo", "--port", str(port), "--tp", str(tp)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO_ROOT)
-    srv = Served(tp, proc, f"http://127.0.0.1:{port}")
-    threading.Thread(target=lambda: srv.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    return srv
-
-
-def _wait_ready(srv: Served) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while "winport serve: ready at" not in srv.text():
-        if srv.proc.poll() is not None or time.monotonic() > deadline:
-            srv.proc.kill()
-            pytest.fail(f"winport serve --tp {srv.tp} did not become ready (exit {srv.proc.poll()}):\n"
-                        f"{srv.text()[-6000:]}")
-        time.sleep(1)
-
-
 @pytest.fixture(scope="module")
-def servers() -> Iterator[dict[int, Served]]:
+def servers() -> Iterator[dict[int, Server]]:
     """TP=1 and TP=2 demo servers (started together: their start-up is mostly imports)."""
-    both = {1: _start(1)}
+    both = {1: start(["--demo", "--tp", "1"])}
     # Build the demo model once (the first server does it) before the second one looks for it.
     while "winport serve: model" not in both[1].text() and both[1].proc.poll() is None:
         time.sleep(0.5)
-    both[2] = _start(2)
+    both[2] = start(["--demo", "--tp", "2"])
     try:
         for srv in both.values():
-            _wait_ready(srv)
+            wait_ready(srv)
         yield both
     finally:
         for srv in both.values():
-            if srv.proc.poll() is None:
-                srv.proc.send_signal(signal.SIGINT)
-                try:
-                    srv.proc.wait(60)
-                except subprocess.TimeoutExpired:
-                    srv.proc.kill()
+            stop(srv)
 
 
-def _ask(srv: Served) -> dict[str, object]:
+def _ask(srv: Server) -> dict[str, object]:
     from openai import OpenAI
 
     client = OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=900, max_retries=0)
@@ -111,12 +57,12 @@ def _ask(srv: Served) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-def answers(servers: dict[int, Served]) -> dict[int, dict[str, object]]:
+def answers(servers: dict[int, Server]) -> dict[int, dict[str, object]]:
     """The same request to both servers (one at a time: the two would share the 2 cores)."""
     return {tp: _ask(srv) for tp, srv in servers.items()}
 
 
-def test_tp2_ranks_run_on_one_cpu_each_without_custom_all_reduce(servers: dict[int, Served]) -> None:
+def test_tp2_ranks_run_on_one_cpu_each_without_custom_all_reduce(servers: dict[int, Server]) -> None:
     import psutil
 
     srv = servers[2]
@@ -173,7 +119,7 @@ def test_tp2_gives_the_tp1_greedy_tokens_and_prompt_logprobs(answers: dict[int, 
         assert min(gaps[: first_diff + 1]) < 0.1, f"greedy tokens differ at {first_diff} without a near-tie"
 
 
-def test_ctrl_c_stops_both_ranks(servers: dict[int, Served], answers: dict[int, dict[str, object]]) -> None:
+def test_ctrl_c_stops_both_ranks(servers: dict[int, Server], answers: dict[int, dict[str, object]]) -> None:
     import psutil
 
     srv = servers[2]

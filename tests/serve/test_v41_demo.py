@@ -30,16 +30,10 @@ import json
 import math
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 import unicodedata
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,64 +41,46 @@ import pytest
 import torch
 
 from tests.helpers import REPO_ROOT
+from tests.serve._server import CACHE, Server, start, stop, wait_ready
 from winport.demo import config_v41
 from winport.demo.config import demo_config
 
-START_TIMEOUT_S = 900
-CACHE = REPO_ROOT / ".cache" / "winport-test"
 CFG = demo_config("v41")
 LONG_PROMPT_LEN = 600  # > index_topk (512) compressed positions at ratio 1: a real top-k selection
 
 
 @dataclass
-class Server:
-    proc: subprocess.Popen[str]
-    url: str
+class V41Server:
+    """The live server and the folder its capture hooks record forwards into."""
+
+    live: Server
     capture: Path
-    output: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return self.live.url
 
     def text(self) -> str:
-        return "".join(self.output)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        """Everything the server printed so far."""
+        return self.live.text()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V41Server]:
     """`winport serve --demo --demo-variant v41` with the capture hooks loaded in every process."""
     site = tmp_path_factory.mktemp("site")
     (site / "sitecustomize.py").write_text("from tests.serve._v41_capture import install\ninstall()\n")
     capture = tmp_path_factory.mktemp("capture")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WINPORT_", "SGLANG_"))}
-    env.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(CACHE), "PYTHONUNBUFFERED": "1",
-                "WINPORT_V41_CAPTURE_DIR": str(capture),
-                "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT), env.get("PYTHONPATH", "")])})
-    cmd = [sys.executable, "-m", "winport", "serve", "--demo", "--demo-variant", "v41", "--port", str(port),
-           "--max-running-requests", "2"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
-    srv = Server(proc, f"http://127.0.0.1:{port}", capture)
-    threading.Thread(target=lambda: srv.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while "winport serve: ready at" not in srv.text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"winport serve did not become ready (exit {proc.poll()}):\n{srv.text()[-6000:]}")
-        time.sleep(1)
-    yield srv
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    env = {"WINPORT_V41_CAPTURE_DIR": str(capture),
+           "PYTHONPATH": os.pathsep.join([str(site), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    srv = start(["--demo", "--demo-variant", "v41", "--max-running-requests", "2"], env)
+    wait_ready(srv)
+    yield V41Server(srv, capture)
+    stop(srv)
 
 
-def _generate(server: Server, ids: list[int], **extra: object) -> dict:
+def _generate(server: V41Server, ids: list[int], **extra: object) -> dict:
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0}, **extra}
     req = urllib.request.Request(server.url + "/generate", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -175,13 +151,13 @@ def _compressed_token_map(folder: Path) -> tuple[list[int], int]:
 
 
 @pytest.mark.slow
-def test_engram_compressed_vocab_matches_the_tokenizer(server: Server) -> None:
+def test_engram_compressed_vocab_matches_the_tokenizer(server: V41Server) -> None:
     _, n = _compressed_token_map(_folder())
     assert n == CFG["engram_compressed_vocab_size"] == config_v41.ENGRAM_COMPRESSED_VOCAB
 
 
 @pytest.mark.slow
-def test_v41_weights_are_deterministic_and_the_stamp_names_the_variant(server: Server) -> None:
+def test_v41_weights_are_deterministic_and_the_stamp_names_the_variant(server: V41Server) -> None:
     from winport.demo.build import is_current
     from winport.demo.weights_v41 import v41_only_tensors
 
@@ -195,7 +171,7 @@ def test_v41_weights_are_deterministic_and_the_stamp_names_the_variant(server: S
 
 
 @pytest.mark.slow
-def test_every_tensor_consumed_and_every_parameter_written(server: Server) -> None:
+def test_every_tensor_consumed_and_every_parameter_written(server: V41Server) -> None:
     log = server.text()
     assert "Load weight end" in log
     assert "not found in params_dict" not in log, re.findall(r".*not found in params_dict.*", log)[:5]
@@ -207,7 +183,7 @@ def test_every_tensor_consumed_and_every_parameter_written(server: Server) -> No
 # Serving
 # ------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_chat_completion_with_the_openai_client(server: Server) -> None:
+def test_chat_completion_with_the_openai_client(server: V41Server) -> None:
     from openai import OpenAI
 
     client = OpenAI(base_url=server.url + "/v1", api_key="none")
@@ -218,7 +194,7 @@ def test_chat_completion_with_the_openai_client(server: Server) -> None:
 
 
 @pytest.mark.slow
-def test_prompt_logprobs_finite_and_deterministic(server: Server) -> None:
+def test_prompt_logprobs_finite_and_deterministic(server: V41Server) -> None:
     ids = [0, *np.random.default_rng(7).integers(5, CFG["vocab_size"], 80).tolist()]
     runs = [_generate(server, ids, return_logprob=True, logprob_start_len=0) for _ in range(2)]
     lps = [[lp for lp, _t, _ in r["meta_info"]["input_token_logprobs"][1:]] for r in runs]
@@ -232,7 +208,7 @@ def test_prompt_logprobs_finite_and_deterministic(server: Server) -> None:
 # The V4.1-only parts against float64
 # ------------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def long_pass(server: Server) -> dict:
+def long_pass(server: V41Server) -> dict:
     """SGLang's recorded prefill of one fresh LONG_PROMPT_LEN-token prompt."""
     ids = [0, *np.random.default_rng(11).integers(5, CFG["vocab_size"], LONG_PROMPT_LEN - 1).tolist()]
     _generate(server, ids)

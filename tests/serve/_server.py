@@ -1,0 +1,82 @@
+"""Start, watch and stop a real `winport serve` for the live tests (one implementation for all).
+
+The server runs exactly as a user runs it (`python -m winport serve ...`) under
+WINPORT_EMULATE_WINDOWS=1, with the test cache, and without the caller's other WINPORT_/SGLANG_
+settings (WINPORT_CUDA_GRAPH passes through, for the GPU runs of scripts/gpu/final_check.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+
+CACHE = REPO_ROOT / ".cache" / "winport-test"
+START_TIMEOUT_S = 900  # a cold CI machine builds the demo model and imports SGLang first
+READY = "winport serve: ready at"
+
+
+@dataclass
+class Server:
+    """A running `winport serve` process and what it printed."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    argv: list[str]
+    output: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        """Everything printed so far."""
+        return "".join(self.output)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> Server:
+    """Start `winport serve --port <free> *args`; `env` adds to the environment described above."""
+    port = free_port()
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("WINPORT_", "SGLANG_")) or k == "WINPORT_CUDA_GRAPH"}
+    full.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(CACHE), "PYTHONUNBUFFERED": "1"})
+    full.update(env or {})
+    argv = ["serve", "--port", str(port), *args]
+    proc = subprocess.Popen([sys.executable, "-m", "winport", *argv], env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
+    srv = Server(proc, f"http://127.0.0.1:{port}", argv)
+    threading.Thread(target=lambda: srv.output.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    return srv
+
+
+def wait_ready(srv: Server, timeout_s: float = START_TIMEOUT_S) -> None:
+    """Wait for the ready line; fail the test with the server's output if it exits or times out."""
+    deadline = time.monotonic() + timeout_s
+    while READY not in srv.text():
+        if srv.proc.poll() is not None or time.monotonic() > deadline:
+            srv.proc.kill()
+            pytest.fail(f"winport {' '.join(srv.argv)} did not become ready (exit {srv.proc.poll()}):\n"
+                        f"{srv.text()[-6000:]}")
+        time.sleep(1)
+
+
+def stop(srv: Server) -> None:
+    """Ctrl-C the server if it still runs (as a user would), then kill it after a minute."""
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(signal.SIGINT)
+        try:
+            srv.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
