@@ -13,6 +13,7 @@ checkpoint; winport.gguf.to_checkpoint turns them back into a folder SGLang load
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -217,17 +218,14 @@ def _serve_and_ask(source: list[str], body: dict[str, Any]) -> tuple[dict[str, A
     return reply, "".join(out)
 
 
-def test_gguf_server_equals_safetensors_server(demo_dir: Path, bf16_gguf: Path) -> None:
-    from transformers import AutoTokenizer
-
-    shutil.rmtree(CACHE / "gguf", ignore_errors=True)  # convert through the server path every run
-    tok = AutoTokenizer.from_pretrained(str(demo_dir))
-    ids = [tok.bos_token_id, *tok.encode(TEXTS[0] + " " + TEXTS[2])]
+def assert_gguf_serves_like_safetensors(gguf: Path, folder: Path, ids: list[int]) -> None:
+    """Serve `gguf` (converted through the server path) and `folder`; 8 greedy tokens and every prompt
+    and output log-probability must be identical."""
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0},
             "return_logprob": True, "logprob_start_len": 0}
-    from_gguf, log = _serve_and_ask(["--model", str(bf16_gguf)], body)
+    from_gguf, log = _serve_and_ask(["--model", str(gguf)], body)
     assert "winport gguf: converted into" in log
-    from_st, _ = _serve_and_ask(["--model", str(demo_dir)], body)
+    from_st, _ = _serve_and_ask(["--model", str(folder)], body)
 
     def out_ids(r: dict[str, Any]) -> list[int]:
         return r.get("output_ids") or [t[1] for t in r["meta_info"]["output_token_logprobs"]]
@@ -237,5 +235,15 @@ def test_gguf_server_equals_safetensors_server(demo_dir: Path, bf16_gguf: Path) 
     lp_gguf = from_gguf["meta_info"]["input_token_logprobs"]
     lp_st = from_st["meta_info"]["input_token_logprobs"]
     assert len(lp_st) == len(ids)
+    assert all(v[0] is None or math.isfinite(v[0]) for v in lp_st)
     assert lp_gguf == lp_st
     assert from_gguf["meta_info"]["output_token_logprobs"] == from_st["meta_info"]["output_token_logprobs"]
+
+
+def test_gguf_server_equals_safetensors_server(demo_dir: Path, bf16_gguf: Path) -> None:
+    from transformers import AutoTokenizer
+
+    shutil.rmtree(CACHE / "gguf", ignore_errors=True)  # convert through the server path every run
+    tok = AutoTokenizer.from_pretrained(str(demo_dir))
+    ids = [tok.bos_token_id, *tok.encode(TEXTS[0] + " " + TEXTS[2])]
+    assert_gguf_serves_like_safetensors(bf16_gguf, demo_dir, ids)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -187,27 +186,11 @@ def test_demo_model_command_writes_the_v41_gguf(demo_dir: Path, tmp_path: Path) 
 def test_v41_gguf_server_equals_safetensors_server(demo_dir: Path, v41_gguf: Path) -> None:
     from tokenizers import Tokenizer
 
-    from tests.gguf.test_serve_gguf import TEXTS, _serve_and_ask
+    from tests.gguf.test_serve_gguf import TEXTS, assert_gguf_serves_like_safetensors
 
     shutil.rmtree(REPO_ROOT / ".cache" / "winport-test-gguf" / "gguf", ignore_errors=True)
     # transformers' AutoTokenizer does not know model_type deepseek_v41: the tokenizers library directly.
     tok = Tokenizer.from_file(str(demo_dir / "tokenizer.json"))
     bos = json.loads((demo_dir / "config.json").read_text())["bos_token_id"]
     ids = [bos, *tok.encode(TEXTS[0] + " " + TEXTS[2], add_special_tokens=False).ids]
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0},
-            "return_logprob": True, "logprob_start_len": 0}
-    from_gguf, log = _serve_and_ask(["--model", str(v41_gguf)], body)
-    assert "winport gguf: converted into" in log
-    from_st, _ = _serve_and_ask(["--model", str(demo_dir)], body)
-
-    def out_ids(r: dict[str, Any]) -> list[int]:
-        return r.get("output_ids") or [t[1] for t in r["meta_info"]["output_token_logprobs"]]
-
-    assert len(out_ids(from_st)) == 8
-    assert out_ids(from_gguf) == out_ids(from_st)
-    lp_gguf = from_gguf["meta_info"]["input_token_logprobs"]
-    lp_st = from_st["meta_info"]["input_token_logprobs"]
-    assert len(lp_st) == len(ids)
-    assert all(v[0] is None or np.isfinite(v[0]) for v in lp_st)
-    assert lp_gguf == lp_st
-    assert from_gguf["meta_info"]["output_token_logprobs"] == from_st["meta_info"]["output_token_logprobs"]
+    assert_gguf_serves_like_safetensors(v41_gguf, demo_dir, ids)
