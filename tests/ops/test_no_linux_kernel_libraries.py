@@ -22,6 +22,9 @@ LIBRARIES = ("flash_mla", "deep_gemm", "tilelang", "sgl_kernel", "flashinfer", "
 _FAKE_CUDA = """
 import torch, types
 torch.cuda.is_available = lambda: True
+# SGLang's is_cuda() also wants a CUDA build of torch; the Wine tier's Windows torch is CPU-only.
+if torch.version.cuda is None:
+    torch.version.cuda = "13.0"
 torch.cuda.device_count = lambda: 1
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
 torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
