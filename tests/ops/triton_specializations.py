@@ -549,10 +549,16 @@ def _worker(jobs_path: Path, claims: Path, out_path: Path) -> None:
 
 
 def _cpu_seconds() -> float:
-    """CPU time of this process and its finished children (ptxas): the cost on an idle machine."""
-    import resource
+    """CPU time of this process and its finished children (ptxas): the cost on an idle machine.
 
-    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    Windows has no getrusage (the Wine tier runs this too): there, this process's CPU time only.
+    """
+    try:
+        import resource
+
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    except (ImportError, AttributeError):
+        return time.process_time()
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 

@@ -41,7 +41,11 @@ SGLANG_MODULES_NEEDED = ("sglang", "sglang.srt.layers.moe.topk", "sglang.srt.man
 
 # tests/ops files (passed as --ignore) or node ids (--deselect) that cannot run under Windows CPython
 # here, with the reason. Remove an entry as soon as its reason is gone.
-OPS_EXCLUDED: dict[str, str] = {}
+OPS_EXCLUDED: dict[str, str] = {
+    "tests/ops/test_triton_compile.py": "compiles every kernel to CUDA cubins (ptxas): the output does not depend on "
+    "the host OS, the Linux run of the same test covers it, and under Wine it would push this tier past its time "
+    "limit (one kernel was compiled under Wine by hand: it works)",
+}
 
 # /proc/cpuinfo spells one of doctor's ISA names differently.
 PROC_CPUINFO_NAME = {"avx512_vbmi": "avx512vbmi"}
