@@ -98,7 +98,8 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]]
     """Write with gguf-py's GGUFWriter. tensors: name -> (type name, array).
 
     Plain types take a typed array in logical shape; quantized types take uint8
-    [..., row_bytes] (the writer derives the logical shape).
+    [..., row_bytes] (the writer derives the logical shape; for fork types such as MXFP8 this
+    function does).
     """
     import gguf
 
@@ -122,8 +123,14 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]]
         elif tname == "BF16":  # uint16 bit patterns in logical shape -> bytes
             b = np.ascontiguousarray(arr).view(np.uint8)
             w.add_tensor(name, b, raw_dtype=gguf.GGMLQuantizationType.BF16)
-        else:
+        elif tname in gguf.GGMLQuantizationType.__members__:
             w.add_tensor(name, arr, raw_dtype=gguf.GGMLQuantizationType[tname])
+        else:  # a fork type gguf-py lacks: give the logical shape, the writer stores the id as is
+            info = GGML_TYPES_BY_NAME[tname]
+            shape = (*arr.shape[:-1], arr.shape[-1] // info.type_size * info.block_size)
+            # int8, not uint8: gguf-py would recompute the shape from a uint8 byte shape with its
+            # own (fork-less) block table.
+            w.add_tensor(name, np.ascontiguousarray(arr).view(np.int8), raw_shape=shape, raw_dtype=info.id)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

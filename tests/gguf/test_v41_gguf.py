@@ -158,8 +158,8 @@ def test_wrong_engram_rows_hparam_is_a_clear_error(converted: Path, v41_gguf: Pa
     cfg = json.loads((converted / "config.json").read_text())
     loaded = load_gguf_model(v41_gguf)
     try:
-        assert [n for n, _ in engram_tensors(loaded, cfg)] == ["layers.2.engram.embed.weight",
-                                                               "layers.2.engram.embed.scale"]
+        assert [p[0] for g in engram_tensors(loaded, cfg) for p in g.parts] == ["layers.2.engram.embed.weight",
+                                                                                "layers.2.engram.embed.scale"]
         with pytest.raises(GGUFError, match=r"blk\.2\.engram_embd\.weight.*MXFP8 blocks"):
             engram_tensors(loaded, {**cfg, "engram_num_embeddings": [cfg["engram_num_embeddings"][0] + 8]})
         with pytest.raises(GGUFError, match="engram hparams"):

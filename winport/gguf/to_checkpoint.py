@@ -26,7 +26,9 @@ Sidecars (``draft=`` / ``mmproj=``: a path, None to look next to the model, Fals
   when the file has the hparam) and the projector's llama.cpp names are unconfirmed (see
   winport.serve.command for what the server does with it).
 - V4.1 engram tables (role ``engram``, MXFP8 or F8_E4M3_B128) are written as
-  ``layers.N.engram.embed.weight`` / ``.scale`` (:func:`engram_tensors`), byte copies.
+  ``layers.N.engram.embed.weight`` / ``.scale`` (:class:`EngramStream`), byte copies streamed from
+  the memory map into the shard in chunks (``engram_chunk_bytes``): a 100 GB table never sits in
+  memory. Each table is one shard entry pair (a shard may exceed ``shard_bytes`` to hold it).
 Both are checked before any tensor data is read; what was bundled is recorded in the stamp file
 (:func:`sidecars`). The cache key covers the sidecar files too.
 
@@ -45,7 +47,7 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -54,6 +56,9 @@ from .reader import GGUFError
 FORMAT_VERSION = 2  # bump when the converter writes something different
 STAMP = "winport-gguf.json"
 SHARD_BYTES = 2 << 30
+# Bytes of source blocks read per step when streaming an engram table: bounds the extra memory of
+# the conversion (one chunk of values + scales) whatever the table's size (~100 GB in V4.1-Flash).
+ENGRAM_CHUNK_BYTES = 64 << 20
 
 _ST_DTYPES = {
     "bfloat16": "BF16", "float32": "F32", "float16": "F16", "float64": "F64", "int32": "I32",
@@ -78,25 +83,74 @@ def _st_dtype(t: Any) -> str:
     return _ST_DTYPES[name]
 
 
+class StreamedGroup:
+    """Tensors whose bytes are produced chunk by chunk straight into the output file, never held whole.
+
+    ``parts``: (name, safetensors dtype, shape, nbytes) of each tensor, stored next to each other
+    in one shard. :meth:`write` gets the absolute file position of every part and fills them all
+    (in any order; the engram tables fill their weight and scale parts in one pass over the source).
+    """
+
+    parts: list[tuple[str, str, list[int], int]]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all parts together."""
+        return sum(p[3] for p in self.parts)
+
+    def write(self, fh: BinaryIO, positions: list[int]) -> None:  # pragma: no cover - interface
+        """Write every part's bytes at ``positions`` (absolute offsets in ``fh``)."""
+        raise NotImplementedError
+
+
+def _entry(obj: Any) -> tuple[str, list[int], int]:
+    """(safetensors dtype, shape, nbytes) of a torch tensor or of one part of a StreamedGroup."""
+    if isinstance(obj, tuple) and isinstance(obj[0], StreamedGroup):
+        _, dtype, shape, n = obj[0].parts[obj[1]]
+        return dtype, shape, n
+    return _st_dtype(obj), list(obj.shape), obj.numel() * obj.element_size()
+
+
 def write_safetensors(path: Path, tensors: list[tuple[str, Any]], metadata: dict[str, str] | None = None) -> int:
     """Write (name, torch tensor) pairs as one safetensors file, each tensor straight from memory.
 
+    A value may also be ``(StreamedGroup, part index)``: its bytes are written by the group, chunk
+    by chunk (all parts of a group must be in the same file).
     Format: u64 header length, JSON header (name -> dtype, shape, data_offsets; padded with spaces
     to 8 bytes), then the tensors' bytes back to back. Returns the data bytes written.
     """
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     off = 0
+    starts = []
     for name, t in tensors:
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": _st_dtype(t), "shape": list(t.shape), "data_offsets": [off, off + n]}
+        dtype, shape, n = _entry(t)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + n]}
+        starts.append(off)
         off += n
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)
+    base = 8 + len(hb)
+    groups: dict[int, tuple[StreamedGroup, list[int | None]]] = {}
+    for (_, t), start in zip(tensors, starts, strict=True):
+        if isinstance(t, tuple) and isinstance(t[0], StreamedGroup):
+            pos = groups.setdefault(id(t[0]), (t[0], [None] * len(t[0].parts)))[1]
+            pos[t[1]] = base + start
     with open(path, "wb") as fh:
         fh.write(struct.pack("<Q", len(hb)))
         fh.write(hb)
-        for _, t in tensors:
+        for (name, t), start in zip(tensors, starts, strict=True):
+            if isinstance(t, tuple) and isinstance(t[0], StreamedGroup):
+                group, pos = groups[id(t[0])]
+                if t[1] == 0:
+                    if any(p is None for p in pos):
+                        raise GGUFError(f"{path}: streamed tensor {name!r}: not all parts of its group are in this file")
+                    group.write(fh, [int(p) for p in pos if p is not None])
+                continue
+            fh.seek(base + start)
             _write_bytes(fh, t)
+        end = fh.seek(0, os.SEEK_END)
+    if end != base + off:
+        raise GGUFError(f"{path}: wrote {end} bytes, the header says {base + off}")
     return off
 
 
@@ -109,7 +163,10 @@ def _write_bytes(fh: BinaryIO, t: Any) -> None:
 
 
 class _ShardWriter:
-    """Collects converted tensors and writes a shard whenever ``limit`` bytes are held."""
+    """Collects converted tensors and writes a shard whenever ``limit`` bytes are held.
+
+    Streamed groups count their full size against the limit but hold no memory.
+    """
 
     def __init__(self, folder: Path, limit: int) -> None:
         self.folder = folder
@@ -125,6 +182,13 @@ class _ShardWriter:
             self.flush()
         self.held.append((name, t))
         self.held_bytes += n
+
+    def add_group(self, group: StreamedGroup) -> None:
+        """Add every part of a streamed group (kept together in one shard)."""
+        if self.held and self.held_bytes + group.nbytes > self.limit:
+            self.flush()
+        self.held += [(part[0], (group, i)) for i, part in enumerate(group.parts)]
+        self.held_bytes += group.nbytes
 
     def flush(self) -> None:
         if not self.held:
@@ -189,11 +253,13 @@ def gguf_to_checkpoint(
     progress: bool = True,
     draft: str | Path | bool | None = False,
     mmproj: str | Path | bool | None = False,
+    engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES,
 ) -> Path:
     """Convert (once) a GGUF model, plus its sidecars, into a checkpoint folder and return the folder.
 
     ``path``: a GGUF file, any shard of a split GGUF, or a folder with one model GGUF.
     ``draft`` / ``mmproj``: sidecar path, None to look next to the model, False to skip (default).
+    ``engram_chunk_bytes``: source bytes per step when streaming engram tables (bounds the memory).
     Raises GGUFError (naming the file, tensor or key), for a bad sidecar before any conversion.
     """
     from winport.paths import cache_dir
@@ -232,7 +298,7 @@ def gguf_to_checkpoint(
         tmp.mkdir(parents=True)
         try:
             _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root,
-                          draft_cfg, mm_plan)
+                          draft_cfg, mm_plan, engram_chunk_bytes)
             if folder.exists():
                 shutil.rmtree(folder)
             tmp.rename(folder)
@@ -245,21 +311,86 @@ def gguf_to_checkpoint(
         loaded.close()
 
 
-def engram_tensors(loaded: Any, config: dict[str, Any]) -> list[tuple[str, Any]]:
-    """V4.1 engram tables as SGLang's checkpoint tensors: ``<target>.weight`` float8_e4m3fn
-    [rows, dim] and ``<target>.scale`` E8M0 [rows, dim / 32], bytes copied (no arithmetic).
 
-    An MXFP8 table is one stream of 264-byte blocks (8 E8M0 scales, then 256 e4m3 values) whatever
-    its GGUF row width (winport.gguf.export.engram_gguf_shape packs rows narrower than a block), so
-    the rows are cut from that stream with ``rows`` / ``dim`` from the config (engram_layer_ids,
-    engram_num_embeddings, engram_head_dim). Other FP8 types go through EngramTable.fp8_rows.
-    Each table is read whole here (fine for the demo; a 200 GB V4.1-Flash table needs a streaming
-    writer, not written yet).
+# Engram block types: (block bytes, scale bytes first in the block, values per block, copies of each
+# stored scale byte in SGLang's one-scale-per-32-values layout).
+_ENGRAM_BLOCKS = {"MXFP8": (264, 8, 256, 1), "F8_E4M3_B128": (129, 1, 128, 4)}
+
+
+class EngramStream(StreamedGroup):
+    """One V4.1 engram table written as SGLang's ``<target>.weight`` float8_e4m3fn [rows, dim] and
+    ``<target>.scale`` E8M0 [rows, dim / 32], bytes copied (no arithmetic), chunk by chunk.
+
+    The GGUF table is one stream of blocks (MXFP8: 8 E8M0 scales then 256 e4m3 values;
+    F8_E4M3_B128: one exponent then 128 values, repeated for each 32-value group) whatever its GGUF
+    row width (winport.gguf.export.engram_gguf_shape packs rows narrower than a block), so values
+    and scales are cut from that stream, ``chunk_bytes`` of blocks at a time, through the memory
+    map; each chunk's source pages are dropped once written. Extra memory: one chunk's values and
+    scales, never the table.
     """
-    import numpy as np
 
-    from .convert import e8m0_tensor
+    def __init__(self, target: str, tensor: Any, rows: int, dim: int, chunk_bytes: int) -> None:
+        import torch
 
+        tname = tensor.type.name
+        if tname not in _ENGRAM_BLOCKS:
+            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: engram table stored as {tname}, "
+                            f"expected one of {', '.join(_ENGRAM_BLOCKS)}")
+        block_bytes, n_scale, n_vals, rep = _ENGRAM_BLOCKS[tname]
+        if dim % 32 or rows < 0:
+            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: engram rows of {dim} values are not whole "
+                            "32-value scale groups")
+        if tensor.nbytes % block_bytes:
+            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: {tensor.nbytes} bytes are not whole "
+                            f"{tname} blocks")
+        self.n_blocks = tensor.nbytes // block_bytes
+        total = rows * dim
+        if not (total <= self.n_blocks * n_vals < total + n_vals):
+            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: {self.n_blocks} {tname} blocks do not hold "
+                            f"exactly {rows} rows x {dim} values (engram hparams)")
+        self.tensor = tensor
+        self.fmt = (block_bytes, n_scale, n_vals, rep)
+        self.total = total
+        self.blocks_per_chunk = max(1, chunk_bytes // block_bytes)
+        scale_dtype = "F8_E8M0" if hasattr(torch, "float8_e8m0fnu") else "U8"
+        self.parts = [(target + ".weight", "F8_E4M3", [rows, dim], total),
+                      (target + ".scale", scale_dtype, [rows, dim // 32], total // 32)]
+
+    def chunks(self) -> Iterator[tuple[int, Any, Any]]:
+        """(first value index, e4m3 bytes, E8M0 bytes per 32 values) per chunk of source blocks."""
+        import numpy as np
+
+        block_bytes, n_scale, n_vals, rep = self.fmt
+        t = self.tensor
+        raw = t.raw().reshape(-1)
+        for b0 in range(0, self.n_blocks, self.blocks_per_chunk):
+            b1 = min(self.n_blocks, b0 + self.blocks_per_chunk)
+            blocks = raw[b0 * block_bytes : b1 * block_bytes].reshape(b1 - b0, block_bytes)
+            v0 = b0 * n_vals
+            nv = min(self.total, b1 * n_vals) - v0  # the last block of a packed table is padding
+            w = np.ascontiguousarray(blocks[:, n_scale:]).reshape(-1)[:nv]
+            sc = blocks[:, :n_scale]
+            sc = np.ascontiguousarray(sc if rep == 1 else np.repeat(sc, rep, axis=1)).reshape(-1)[: nv // 32]
+            yield v0, w, sc
+            t._file._release(t.offset + b0 * block_bytes, (b1 - b0) * block_bytes)
+
+    def write(self, fh: BinaryIO, positions: list[int]) -> None:
+        """Write the values at ``positions[0]`` and the scales at ``positions[1]``, one pass over the table."""
+        pw, ps = positions
+        for v0, w, sc in self.chunks():
+            fh.seek(pw + v0)
+            fh.write(memoryview(w))
+            fh.seek(ps + v0 // 32)
+            fh.write(memoryview(sc))
+
+
+def engram_tensors(loaded: Any, config: dict[str, Any], chunk_bytes: int = ENGRAM_CHUNK_BYTES) -> list[EngramStream]:
+    """V4.1 engram tables as streamed SGLang checkpoint tensors (see :class:`EngramStream`).
+
+    ``rows`` / ``dim`` come from the config (engram_layer_ids, engram_num_embeddings,
+    engram_head_dim); a table that does not hold exactly that many values, or a layer not in
+    engram_layer_ids, is a GGUFError naming the file and tensor. Nothing is read here.
+    """
     tables = loaded.engram_tables()
     if not tables:
         return []
@@ -270,35 +401,19 @@ def engram_tensors(loaded: Any, config: dict[str, Any]) -> list[tuple[str, Any]]
         dim = int(config["engram_head_dim"])
     except (KeyError, TypeError, ValueError) as e:
         raise GGUFError(f"{path}: engram tables present but the engram hparams are missing or bad ({e!r})") from e
-    import torch
-
     out = []
     for target, table in sorted(tables.items()):
         layer = int(target.split(".")[1])
         if layer not in rows_by_layer:
             raise GGUFError(f"{path}: tensor {table.tensor.name!r}: layer {layer} is not in engram_layer_ids "
                             f"{layer_ids}")
-        rows = int(rows_by_layer[layer])
-        if table.tensor.type.name == "MXFP8":
-            blocks = np.ascontiguousarray(table.tensor.raw()).reshape(-1, 264)
-            n_vals = rows * dim
-            if not (n_vals <= blocks.shape[0] * 256 < n_vals + 256):
-                raise GGUFError(f"{path}: tensor {table.tensor.name!r}: {blocks.shape[0]} MXFP8 blocks do not "
-                                f"hold exactly {rows} rows x {dim} values (engram hparams)")
-            w = np.ascontiguousarray(blocks[:, 8:]).reshape(-1)[:n_vals].reshape(rows, dim)
-            sc = np.ascontiguousarray(blocks[:, :8]).reshape(-1)[: n_vals // 32].reshape(rows, dim // 32)
-        else:
-            if (table.num_rows, table.dim) != (rows, dim):
-                raise GGUFError(f"{path}: tensor {table.tensor.name!r}: {table.num_rows} x {table.dim}, the engram "
-                                f"hparams say {rows} x {dim}")
-            w, sc = table.fp8_rows(slice(None))
-        out.append((target + ".weight", torch.from_numpy(np.ascontiguousarray(w)).view(torch.float8_e4m3fn)))
-        out.append((target + ".scale", e8m0_tensor(sc)))
+        out.append(EngramStream(target, table.tensor, int(rows_by_layer[layer]), dim, chunk_bytes))
     return out
 
 
 def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
-                  progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any) -> None:
+                  progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any,
+                  engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES) -> None:
     meta = loaded.metadata
     config = config_from_metadata(meta, list(loaded.model.tensors))
     config.update(draft_cfg)
@@ -325,11 +440,12 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
             seen.add(name)
             n_draft += i
             writer.add(name, t)
-    for name, t in engram_tensors(loaded, config):
-        if name in seen:
-            raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
-        seen.add(name)
-        writer.add(name, t)
+    for group in engram_tensors(loaded, config, engram_chunk_bytes):
+        for name, *_ in group.parts:
+            if name in seen:
+                raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
+            seen.add(name)
+        writer.add_group(group)
     weight_files = writer.finish()
     stamp: dict[str, Any] = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
                              "dense_fp8": dense_fp8, "weights": weight_files, "tensors": len(seen)}
