@@ -92,10 +92,18 @@ def _folder() -> Path:
     return CACHE / "demo-v41"
 
 
-def _weights() -> dict[str, torch.Tensor]:
+def _stored() -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(_folder() / "model.safetensors"))
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    """The served checkpoint's values: FP8 [32, 32]-block and MXFP4 weights dequantized (exact in
+    bf16: the same numbers SGLang's CPU path multiplies with); the engram table stays FP8 + E8M0."""
+    from winport.demo.quantize import dequantize_state_dict
+
+    return dequantize_state_dict(_stored())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -159,15 +167,38 @@ def test_engram_compressed_vocab_matches_the_tokenizer(server: V41Server) -> Non
 @pytest.mark.slow
 def test_v41_weights_are_deterministic_and_the_stamp_names_the_variant(server: V41Server) -> None:
     from winport.demo.build import is_current
-    from winport.demo.weights_v41 import v41_only_tensors
+    from winport.demo.quantize import V41_BLOCK, quantize_state_dict
+    from winport.demo.weights_v41 import dspark_tensors, v41_only_tensors
 
     a, b = v41_only_tensors(CFG, seed=0), v41_only_tensors(CFG, seed=0)
     assert a.keys() == b.keys() and all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a)
     assert not torch.equal(a["layers.1.attn.compressor.wkv.weight"],
                            v41_only_tensors(CFG, seed=1)["layers.1.attn.compressor.wkv.weight"])
     assert is_current(_folder(), "v41") and not is_current(_folder(), "v4")
-    stored = _weights()
-    assert all(torch.equal(stored[k].view(torch.uint8), a[k].view(torch.uint8)) for k in a)
+    # Stored in DeepSeek-V4.1's format: the generated tensors quantized with [32, 32] FP8 blocks.
+    stored = _stored()
+    want = quantize_state_dict(a, V41_BLOCK)
+    assert stored["layers.2.engram.wkv.weight"].dtype == torch.float8_e4m3fn
+    assert stored["layers.2.engram.wkv.scale"].shape == (5 * 256 // 32, 2 * 2 * 64 // 32)
+    assert all(torch.equal(stored[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want)
+    # The DSpark stages (tests/serve/test_dspark_draft.py regenerates them in memory) likewise.
+    draft = quantize_state_dict(dspark_tensors(CFG, seed=0), V41_BLOCK)
+    assert sorted(k for k in stored if k.startswith("mtp.")) == sorted(draft)
+    assert all(torch.equal(stored[k].view(torch.uint8), draft[k].view(torch.uint8)) for k in draft)
+    assert stored["mtp.0.ffn.experts.3.w1.weight"].dtype == torch.int8  # MXFP4, as the model's experts
+    assert stored["mtp.0.main_proj.weight"].dtype == torch.float8_e4m3fn
+
+
+@pytest.mark.slow
+def test_v41_build_is_byte_identical(server: V41Server, tmp_path: Path) -> None:
+    """A second build of the (quantized) V4.1 demo writes the same bytes in every file."""
+    from winport.demo.build import build_demo
+
+    again = build_demo(tmp_path / "again", "v41", quiet=True)
+    names = sorted(p.name for p in _folder().iterdir())
+    assert names == sorted(p.name for p in again.iterdir()) and "model.safetensors" in names
+    for name in names:
+        assert (_folder() / name).read_bytes() == (again / name).read_bytes(), name
 
 
 @pytest.mark.slow

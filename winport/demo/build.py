@@ -11,12 +11,15 @@ from winport.demo.tokenizer import write_tokenizer
 from winport.demo.weights import demo_state_dict
 
 STAMP = "winport-demo.json"
-FORMAT_VERSION = 2  # bump when the generator changes what it writes (2: FP8 dense + MXFP4 experts)
+# Bump when the generator changes what it writes (2: FP8 dense + MXFP4 experts; 3: V4.1 in FP8
+# [32, 32] + MXFP4 too).
+FORMAT_VERSION = 3
 
 
 def default_quantized(variant: str) -> bool:
-    """Whether a variant is written in DeepSeek's FP8 + MXFP4 format by default (V4 yes; V4.1 not yet)."""
-    return variant == "v4"
+    """Whether a variant is written in DeepSeek's FP8 + MXFP4 format by default (both are; `--bf16`
+    writes the same values plainly)."""
+    return variant in ("v4", "v41")
 
 
 def default_dir(variant: str = "v4", quantized: bool | None = None) -> Path:
@@ -72,7 +75,8 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     if vocab != config["vocab_size"]:
         raise RuntimeError(f"tokenizer has {vocab} tokens, config says {config['vocab_size']}")
     # quantization_config only in the file: the generator below works on the plain architecture.
-    written = {**config, "quantization_config": quantize.quantization_config()} if quantized else config
+    block = quantize.block_for(variant)
+    written = {**config, "quantization_config": quantize.quantization_config(block)} if quantized else config
     (tmp / "config.json").write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=1) + "\n")
@@ -85,9 +89,9 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
         tensors = demo_state_dict(config, seed=seed)
     # The bf16 form of a quantized variant holds the quantize-dequantize values: the same model.
     if quantized:
-        tensors = quantize.quantize_state_dict(tensors)
+        tensors = quantize.quantize_state_dict(tensors, block)
     elif default_quantized(variant):
-        tensors = quantize.quantized_values(tensors)
+        tensors = quantize.quantized_values(tensors, block)
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "winport": f"demo-{variant}"})
     files = sorted(p.name for p in tmp.iterdir() if p.name != STAMP)
     stamp = {"format": FORMAT_VERSION, "variant": variant, "seed": seed, "quantized": quantized, "files": files,

@@ -18,6 +18,16 @@ renamed to the V4 class there. The engram table size is the sum of the hash prim
 (n-gram size, head), drawn in ascending order above engram_vocab_size - 1), and
 engram_compressed_vocab_size is the number of distinct normalized tokens of the demo tokenizer:
 SGLang asserts both at start-up, tests/serve/test_v41_demo.py checks them here.
+
+DSpark draft stages (SGLang 0.5.23 models/deepseek_v4_dspark.py), bundled in the checkpoint the way
+SGLang expects a bundled draft (speculative/dspark_components/dspark_config.py
+checkpoint_bundles_dspark_draft): `dspark_*` keys in config.json, `mtp.<stage>.*` tensors in the
+weights. V4.1-Flash has 3 stages, block 5, target layers [37, 38, 39] of 40, Markov rank 256 at
+hidden 5120 and a draft MoE of 128 experts top-3 (the model's: 384 top-6); the demo keeps 3 stages
+and block 5, takes its last three layers [3, 4, 5] as targets, Markov rank 32 and a draft MoE of
+4 experts top-1 (half the model's 8, and a top-k unlike the model's 2, so that SGLang's
+per-stage expert override is exercised). The noise (mask) token is the pad token, which no text
+produces. The confidence head (used by SGLang's non-static ragged verify modes) is included.
 """
 
 from __future__ import annotations
@@ -35,6 +45,12 @@ ENGRAM_VOCAB = 509  # hash buckets per (n-gram size, head) start at the first pr
 # Distinct tokens of the demo tokenizer after SGLang's engram normalization (NFKC, accents,
 # lowercase, whitespace); fixed by the tokenizer, which is deterministic.
 ENGRAM_COMPRESSED_VOCAB = 937
+
+DSPARK_STAGES = 3  # num_nextn_predict_layers
+DSPARK_BLOCK = 5  # gamma: draft tokens per step (the verify window is gamma + 1)
+DSPARK_TARGET_LAYER_IDS = [3, 4, 5]  # target layers whose hidden states feed the draft
+DSPARK_MARKOV_RANK = 32
+DSPARK_EXPERTS, DSPARK_EXPERTS_PER_TOK = 4, 1
 
 
 def _is_prime(n: int) -> bool:
@@ -94,5 +110,14 @@ def v41_config(base: dict[str, Any]) -> dict[str, Any]:
         "engram_pad_token_id": base["pad_token_id"],
         "engram_compressed_vocab_size": ENGRAM_COMPRESSED_VOCAB,
         "vision_n_layers": 0,
+        "num_nextn_predict_layers": DSPARK_STAGES,
+        "dspark_block_size": DSPARK_BLOCK,
+        "dspark_target_layer_ids": list(DSPARK_TARGET_LAYER_IDS),
+        "dspark_markov_rank": DSPARK_MARKOV_RANK,
+        "dspark_noise_token_id": base["pad_token_id"],
+        "dspark_n_routed_experts": DSPARK_EXPERTS,
+        "dspark_num_experts_per_tok": DSPARK_EXPERTS_PER_TOK,
+        "enable_confidence_head": True,
+        "confidence_head_with_markov": True,
     })
     return cfg

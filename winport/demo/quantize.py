@@ -8,7 +8,8 @@ layers/quantization/fp8.py, configs/deepseek_v4.py and transformers' finegrained
   ([32, 32] in V4.1). SGLang builds its Fp8Config from it; ``scale_fmt`` ue8m0 also makes it
   quantize activations with power-of-two scales (w8a8 block FP8 linears).
 - Dense FP8 matrices (attention wq_a/wq_b/wkv/wo_a/wo_b, the indexer's wq_b, the shared expert's
-  w1/w2/w3): ``X.weight`` float8_e4m3fn [N, K] plus ``X.scale`` float8_e8m0fnu
+  w1/w2/w3; in V4.1 also the engram's wkv, and in the DSpark draft stages `mtp.S.*` the same
+  sublayers plus main_proj): ``X.weight`` float8_e4m3fn [N, K] plus ``X.scale`` float8_e8m0fnu
   [ceil(N/bn), ceil(K/bk)], the value being weight * scale per block. SGLang renames ``.scale`` to
   ``weight_scale_inv``. The compressor and indexer-compressor projections, the indexer's
   weights_proj, the router, the embedding and the head stay BF16 (no scale) in the real
@@ -42,12 +43,24 @@ MXFP4_BLOCK = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Midpoints between neighbouring E2M1 magnitudes: a magnitude above midpoint i rounds to code i+1.
 _E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-DEFAULT_BLOCK = (128, 128)  # DeepSeek-V4; V4.1 uses (32, 32)
+DEFAULT_BLOCK = (128, 128)  # DeepSeek-V4
+V41_BLOCK = (32, 32)  # DeepSeek-V4.1 (SGLang's _dequant_fp8: "V4 128x128, V4.1 32x32")
 
-# DeepSeek's original names of the dense matrices its checkpoint stores in FP8.
+# DeepSeek's original names of the dense matrices its checkpoint stores in FP8: the decoder layers'
+# (`layers.L.`) and the DSpark draft stages' (`mtp.S.`, same sublayer names), plus V4.1's engram
+# value/key projection (a ReplicatedLinear built with the quant config, its `.scale` renamed to
+# weight_scale_inv by SGLang) and the draft's target-hidden projection `main_proj` (likewise).
 FP8_DENSE = re.compile(
-    r"^layers\.\d+\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123])\.weight$")
-MXFP4_EXPERT = re.compile(r"^layers\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
+    r"^(layers|mtp)\.\d+\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|attn\.indexer\.wq_b|ffn\.shared_experts\.w[123]"
+    r"|engram\.wkv|main_proj)\.weight$")
+MXFP4_EXPERT = re.compile(r"^(layers|mtp)\.\d+\.ffn\.experts\.\d+\.w[123]\.weight$")
+
+
+def block_for(variant: str) -> tuple[int, int]:
+    """The FP8 weight block of a demo variant: [128, 128] for V4, [32, 32] for V4.1."""
+    if variant not in ("v4", "v41"):
+        raise ValueError(f"unknown demo variant {variant!r} (known: v4, v41)")
+    return V41_BLOCK if variant == "v41" else DEFAULT_BLOCK
 
 
 def quantization_config(block: tuple[int, int] = DEFAULT_BLOCK) -> dict[str, Any]:
@@ -169,12 +182,22 @@ def quantize_state_dict(tensors: dict[str, torch.Tensor],
     return dict(sorted(out.items()))
 
 
+def _quantized_here(name: str) -> bool:
+    return bool(FP8_DENSE.match(name) or MXFP4_EXPERT.match(name))
+
+
 def dequantize_state_dict(tensors: dict[str, torch.Tensor],
                           dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """The inverse view: every quantized weight (and its .scale) -> one `dtype` weight (exact in bf16)."""
+    """The inverse view: every weight quantize_state_dict quantizes (and its .scale) -> one `dtype`
+    weight (exact in bf16). Other stored-quantized tensors (V4.1's engram table, FP8 rows with
+    per-32 E8M0 scales, which SGLang reads as such in both forms) are left as they are."""
     out: dict[str, torch.Tensor] = {}
     for name, t in tensors.items():
-        if name.endswith(".scale") and name[: -len("scale")] + "weight" in tensors:
+        weight_name = name[: -len("scale")] + "weight" if name.endswith(".scale") else None
+        if weight_name in tensors and _quantized_here(weight_name):
+            continue
+        if not _quantized_here(name):
+            out[name] = t
             continue
         scale = tensors.get(name[: -len("weight")] + "scale") if name.endswith(".weight") else None
         if t.dtype == torch.float8_e4m3fn:
