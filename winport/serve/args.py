@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-model", type=Path, default=None,
                     help="DSpark draft GGUF (default: found next to the model); bundled into the converted "
                          "checkpoint and used for speculative decoding on CUDA (SGLang runs DSpark on GPUs only)")
+    ap.add_argument("--speculative-algorithm", type=str.upper, choices=["DSPARK"], default=None,
+                    help="speculative decoding with the DSpark draft bundled in the model (the V4.1 demo has "
+                         "one; a GGUF model gets one from --draft-model). CUDA only: SGLang runs DSpark on "
+                         "GPUs only, so on the CPU the flag is refused")
     ap.add_argument("--mmproj", type=Path, default=None,
                     help="vision projector GGUF (default: found next to the model); checked and converted, "
                          "but images are not served yet (the server says why)")

@@ -107,6 +107,10 @@ def sglang_switches(device: str) -> dict[str, str]:
 def build_plan(argv: list[str]) -> LaunchPlan:
     """Parse `winport serve` flags and translate them into SGLang's command line and environment."""
     args = build_parser().parse_args(argv)
+    if args.speculative_algorithm and resolve_device(args.device) == "cpu":
+        # Refused before the model is built or converted: nothing else would change the answer.
+        raise ServeError(f"--speculative-algorithm {args.speculative_algorithm}: {DRAFT_CPU_REASON}; "
+                         "serve without the flag on the CPU")
     if args.demo:
         from winport.demo.build import ensure_demo
 
@@ -161,6 +165,8 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         "--trust-remote-code",
     ]
     sg += sidecar_args(model_path, device, args.draft_model, args.mmproj)
+    if args.speculative_algorithm and "--speculative-algorithm" not in sg:
+        sg += dspark_args(model_path)
     vram = None
     if device == "cpu":
         if args.vram_gib is not None:
@@ -261,6 +267,28 @@ def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag:
         print(f"winport serve: vision projector found next to the model (converted into {where}) but not used: "
               f"{MMPROJ_REASON}", flush=True)
     return out
+
+
+# config.json keys that mark a DSpark draft bundled in the checkpoint (SGLang 0.5.23:
+# speculative/dspark_components/dspark_config.py checkpoint_bundles_dspark_draft).
+DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
+
+
+def dspark_args(model_path: Path) -> list[str]:
+    """SGLang flags for DSpark with the draft bundled in the checkpoint folder (mtp.* tensors +
+    dspark_* keys); a ServeError names the folder when its config.json bundles no draft."""
+    import json
+
+    config = Path(model_path) / "config.json"
+    try:
+        keys = set(json.loads(config.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise ServeError(f"--speculative-algorithm DSPARK: cannot read {config}: {exc}") from None
+    if not keys & set(DSPARK_BUNDLE_KEYS):
+        raise ServeError(f"--speculative-algorithm DSPARK: {config} bundles no DSpark draft (none of "
+                         f"{', '.join(DSPARK_BUNDLE_KEYS)}); the V4.1 demo (--demo --demo-variant v41) has one, "
+                         "and a GGUF model gets one from --draft-model")
+    return ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(model_path)]
 
 
 def cpu_thread_bind(ranks: int, cpus: int | None = None) -> str:
