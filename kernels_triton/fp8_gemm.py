@@ -41,6 +41,7 @@ Kernel notes (why it looks like this)
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
@@ -147,14 +148,26 @@ if _HAVE_TRITON:
     @triton.jit
     def _dequant_bf16_kernel(x_ptr, s_ptr, y_ptr, R, K, s_xr, s_xk, s_sr, s_sk,
                              GR: tl.constexpr, GK: tl.constexpr, BLOCK_R: tl.constexpr,
-                             BLOCK_K: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
-        """y[r, k] = bf16(x[r, k] * s[r // GR, k // GK]) for a row-major bf16 y."""
+                             BLOCK_K: tl.constexpr, PER_GROUP: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
+        """y[r, k] = bf16(x[r, k] * s[r // GR, k // GK]) for a row-major bf16 y.
+
+        PER_GROUP (GK divides BLOCK_K): one scale load per row and K group, broadcast over the group
+        through a [BLOCK_R, BLOCK_K / GK, GK] view, instead of one gathered 4-byte load per element.
+        """
         rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
         msk = (rr < R)[:, None] & (kk < K)[None, :]
         x = tl.load(x_ptr + rr[:, None].to(tl.int64) * s_xr + kk[None, :] * s_xk, mask=msk, other=0.0)
-        sc = tl.load(s_ptr + (rr // GR)[:, None] * s_sr + (kk // GK)[None, :] * s_sk, mask=msk, other=0.0)
-        y = x.to(tl.float32) * sc
+        if PER_GROUP:
+            KG: tl.constexpr = BLOCK_K // GK
+            g = tl.program_id(1) * KG + tl.arange(0, KG)
+            gmsk = (rr < R)[:, None] & (g * GK < K)[None, :]
+            sc = tl.load(s_ptr + (rr // GR)[:, None] * s_sr + g[None, :] * s_sk, mask=gmsk, other=0.0)
+            y3 = tl.reshape(x.to(tl.float32), (BLOCK_R, KG, GK)) * sc[:, :, None]
+            y = tl.reshape(y3, (BLOCK_R, BLOCK_K))
+        else:
+            sc = tl.load(s_ptr + (rr // GR)[:, None] * s_sr + (kk // GK)[None, :] * s_sk, mask=msk, other=0.0)
+            y = x.to(tl.float32) * sc
         if ROUND_BY_HAND:
             y = _round_bf16(y)
         tl.store(y_ptr + rr[:, None].to(tl.int64) * K + kk[None, :], y.to(tl.bfloat16), mask=msk)
@@ -271,37 +284,54 @@ if _HAVE_TRITON:
         N, K, iters_per_split, split_k,
         s_ak, s_bn, s_bk, s_ask, s_bsn, s_bsk, s_cn, s_dn,
         GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
+        VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
     ):
-        """M = 1 decode GEMV without tensor cores: out[n] = sum_k w[n, k] * xs[k].
+        """M = 1 decode GEMV without tensor cores: out[n] = sum_k w[n, k] * x[k] * sa[k/GK] * sb[n/GN, k/GK].
 
-        Why no tl.dot: at M = 1 an MMA wastes 15/16 of its rows and forces the weight tile through
-        a dot-operand layout (shared memory / shuffles); a plain multiply-add streams the fp8 tile
-        straight from 16-byte vector loads. The tile's BLOCK_N rows share one weight-scale row
-        (GN % BLOCK_N == 0), so activation scale, weight scale and x fold into one fp32 vector
-        xs[k] per K step and each weight byte costs one convert and one FMA. The [BLOCK_N, BLOCK_K]
-        fp32 accumulator is reduced over K once, after the loop.
+        Why it looks like this (H200 analysis, RESULTS.md "GEMV rework" 2026-11-29):
+        - No tl.dot: at M = 1 an MMA wastes 15/16 of its rows and routes the weight through a
+          dot-operand layout; a multiply-add streams the fp8 tile from 16-byte vector loads.
+        - In-thread partial sums: the product tile is viewed as [BLOCK_N, BLOCK_K / VEC, VEC] and
+          summed over the last axis, which the blocked layout keeps inside one thread (VEC = the
+          16 bytes of one vector load). The accumulator is then [BLOCK_N, BLOCK_K / VEC] (2 fp32
+          registers per thread at 8 x 1024) instead of one fp32 per loaded byte, so registers go to
+          loads in flight rather than to the accumulator.
+        - Scales after the partial sum: a VEC chunk lies inside one K scale group (GK % VEC == 0)
+          and the tile's rows share one weight-scale row (GN % BLOCK_N == 0), so activation and
+          weight scales multiply the [BLOCK_N, BLOCK_K / VEC] partials (1/VEC of the work).
+        - x is loaded in the weight tile's own 2-D layout (a broadcast over rows): a 1-D x tile
+          would need a shared-memory layout conversion and a CTA barrier every K step.
+        - No software pipelining: Triton does not pipeline loads that do not feed a tl.dot, and a
+          hand-written register double buffer (next K step's tile loaded before this step's math)
+          was slower in every H200 sweep cell (more registers, byte shuffles); occupancy (about 32
+          registers per thread) keeps the loads in flight instead.
         """
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
+        chunk = tl.arange(0, BLOCK_K // VEC) * VEC
         srow = (pid_n * BLOCK_N) // GN  # the one weight-scale row of this tile
         k_iters = tl.cdiv(K, BLOCK_K)
         it0 = pid_k * iters_per_split
         it1 = tl.minimum(it0 + iters_per_split, k_iters)
-        w_base = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        w_rows = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
+        x_rows = a_ptr + offs_n[:, None] * 0  # x broadcast over the tile's rows (same layout as w)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
         for it in range(it0, it1):
             kk = it * BLOCK_K + offs_k
             k_mask = kk < K
-            w = tl.load(w_base + kk[None, :] * s_bk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = tl.load(a_ptr + kk * s_ak, mask=k_mask, other=0.0).to(tl.float32)
-            g = kk // GK
-            sa = tl.load(as_ptr + g * s_ask, mask=k_mask, other=0.0)
-            sb = tl.load(bs_ptr + srow * s_bsn + g * s_bsk, mask=k_mask, other=0.0)
-            acc += w.to(tl.float32) * (x * sa * sb)[None, :]
+            w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, :] * s_ak, mask=k_mask[None, :], other=0.0)
+            prod = w.to(tl.float32) * x.to(tl.float32)
+            part = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+            kc = it * BLOCK_K + chunk
+            c_mask = kc < K
+            g = kc // GK
+            scl = (tl.load(as_ptr + g * s_ask, mask=c_mask, other=0.0)
+                   * tl.load(bs_ptr + srow * s_bsn + g * s_bsk, mask=c_mask, other=0.0))
+            acc += part * scl[None, :]
         res = tl.sum(acc, axis=1)
         d_ptrs = d_ptr + offs_n * s_dn
         if not USE_SPLIT:
@@ -402,31 +432,27 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
 def default_gemv_config(n: int, k: int, bn: int, device: torch.device) -> GemvConfig | None:
     """Config of the M = 1 GEMV kernel, or None where it does not apply (scale rows narrower than 8).
 
-    Heuristic from the H200 sweep (scripts/bench/gemm.py --sweep, RESULTS.md 2026-11-29): 8-row N
-    tiles, the largest K step (<= 1024) dividing K, 8 warps for 1024-wide steps, and split-K only
-    when the N tiles alone give fewer than 2 CTAs per SM. Counted in SMs, so SM120 parts with more
-    or fewer SMs get proportionate grids.
+    From the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework", 2026-11-29), best
+    or within 0.2 us of the best on all 7 V4.1-Flash shapes: 8-row N tiles; K >= 4608 -> 2048-wide
+    K steps with 4 warps, else 512-wide with 8 warps; no split-K (the arrival-counter epilogue cost
+    more than it gained on every shape). Split-K only where the N tiles alone leave SMs idle (fewer
+    tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
-        f = [int(x) for x in env.split(",")]
-        return GemvConfig(*f)
+        return GemvConfig(*(int(x) for x in env.split(",")))
     if bn < 8 or bn % 8:
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
-    # 8-row tiles won on 6 of the 7 V4.1 shapes (more CTAs in flight beat x reuse across rows);
-    # a K step that divides K avoids a masked, half-empty last step (1280 -> 256, 5120 -> 1024).
     block_n = 8
-    block_k = 512
-    for cand in (1024, 512, 256):
-        if k % cand == 0:
-            block_k = cand
-            break
-    block_k = min(block_k, max(64, triton.next_power_of_2(k)))
+    if k >= 4608:
+        block_k, warps = 2048, 4
+    else:
+        block_k, warps = min(512, max(64, triton.next_power_of_2(k))), 8
     tiles = -(-n // block_n)
     k_iters = -(-k // block_k)
-    split = 1 if tiles >= 2 * sms else max(1, min(k_iters, -(-4 * sms // tiles)))
-    return GemvConfig(block_n, block_k, split, 8 if block_k >= 1024 else 4, 3)
+    split = 1 if tiles >= sms else max(1, min(k_iters, -(-2 * sms // tiles)))
+    return GemvConfig(block_n, block_k, split, warps, 1)
 
 
 def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -435,6 +461,9 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
     n, k = b.shape
     if bn % cfg.block_n:
         raise ValueError(f"GEMV block_n {cfg.block_n} must divide the weight scale block {bn}")
+    # In-thread partial sums over VEC-wide chunks (a 16-byte fp8 vector) that never straddle a
+    # K scale group: VEC = the largest power of two dividing both 16 and the group size.
+    vec = math.gcd(16, bk, cfg.block_k)
     k_iters = -(-k // cfg.block_k)
     tiles = -(-n // cfg.block_n)
     split = max(1, min(cfg.split_k, k_iters))
@@ -449,8 +478,8 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
         n, k, per, split,
         a.stride(1), b.stride(0), b.stride(1), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
         c.stride(1) if c is not None else 0, out.stride(1),
-        GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, USE_SPLIT=split > 1, HAS_C=c is not None,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
+        USE_SPLIT=split > 1, HAS_C=c is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
 
@@ -504,9 +533,11 @@ def dequant_bf16(x: torch.Tensor, s: torch.Tensor, gr: int, gk: int) -> torch.Te
     """Triton: fp8 [R, K] with block scales [ceil(R/gr), ceil(K/gk)] -> bf16 [R, K] (row-major)."""
     r, k = x.shape
     y = torch.empty(r, k, dtype=torch.bfloat16, device=x.device)
-    grid = (triton.cdiv(r, 32), triton.cdiv(k, 128))
+    block_k = 256 if k >= 256 else 128
+    per_group = gk & (gk - 1) == 0 and block_k % gk == 0  # power-of-two group inside one tile
+    grid = (triton.cdiv(r, 32), triton.cdiv(k, block_k))
     _dequant_bf16_kernel[grid](x, s, y, r, k, x.stride(0), x.stride(1), s.stride(0), s.stride(1), GR=gr, GK=gk,
-                               BLOCK_R=32, BLOCK_K=128,
+                               BLOCK_R=32, BLOCK_K=block_k, PER_GROUP=per_group,
                                ROUND_BY_HAND=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
     return y
 
@@ -526,6 +557,9 @@ def _dequant_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_s
     for n0 in range(0, n, rows):
         n1 = min(n, n0 + rows)
         w_bf = dequant_bf16(b[n0:n1], b_scale[n0 // bn: -(-n1 // bn)], bn, bk)
+        if c is None and n1 - n0 == n and out.is_contiguous():
+            torch.matmul(a_bf, w_bf.t(), out=out)  # one chunk: cuBLAS writes the output directly
+            break
         res = torch.matmul(a_bf, w_bf.t())
         if c is not None:
             res = res.float() + c[:, n0:n1].float()

@@ -120,6 +120,7 @@ def test_shim_fp8_einsum_and_transform() -> None:
 # ------------------------------------------------------------- CPU: Triton kernel under the interpreter
 _INTERP_CODE = r"""
 import json, torch
+FP8 = torch.float8_e4m3fn
 from kernels_triton.fp8_gemm import fp8_block_gemm, GemmConfig, GemvConfig
 from kernels_triton.fp8_einsum import fp8_einsum_bhr_hdr
 from tests.ops.test_fp8_gemm import make_inputs, oracle
@@ -137,6 +138,11 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_split_32", 1, 40, 1056, 32, 32, GemvConfig(8, 128, 3, 4, 1)),
     ("gemv_split_128", 1, 80, 640, 128, 128, GemvConfig(32, 128, 2, 4, 1)),
     ("gemv_default_32", 1, 64, 544, 32, 32, None),
+    # a K tail that is not a multiple of the 16-byte chunk, 8-wide scale groups (VEC = 8: chunks
+    # must not straddle a group), and a grid with fewer N tiles than SMs (the default splits K)
+    ("gemv_ragged_k_split_32", 1, 40, 1060, 32, 32, GemvConfig(8, 256, 2, 4, 1)),
+    ("gemv_vec8", 1, 24, 200, 8, 8, GemvConfig(8, 64, 1, 4, 1)),
+    ("gemv_default_few_tiles_32", 1, 16, 2000, 32, 32, None),
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -157,6 +163,17 @@ out = torch.full((1, 48), float("nan"), dtype=torch.float32)
 fp8_block_gemm(a, sa.t().contiguous().t(), b, sb, (32, 32), torch.float32, out=out, c=c,
                config=GemvConfig(16, 64, 2, 4, 1))
 res["gemv_accum_colmajor"] = [out.double().tolist(), (oracle(a, sa, b, sb, 32, 32) + c.double()).tolist()]
+# bf16 dequant of the prefill path: per-group scale broadcast (pow-2 group) and per-element
+# gather (other groups) must both equal fp32 dequant rounded to bf16 exactly
+from kernels_triton.fp8_gemm import dequant_bf16
+deq = []
+for r, k, gr, gk in ((40, 300, 32, 32), (33, 700, 1, 128), (20, 400, 8, 96)):
+    x = (torch.randn(r, k, generator=torch.Generator().manual_seed(r)) * 64).clamp(-448, 448).to(FP8)
+    sc = torch.rand(-(-r // gr), -(-k // gk)) + 0.01
+    y = dequant_bf16(x, sc, gr, gk)
+    want = (x.float() * sc.repeat_interleave(gr, 0)[:r].repeat_interleave(gk, 1)[:, :k]).bfloat16()
+    deq.append(bool(torch.equal(y, want)) and not bool(y.isnan().any()))
+res["dequant_exact"] = deq
 # batched einsum bhr,hdr->bhd with strided views
 t, g, r, d = 3, 2, 256, 64
 a, sa, _, _ = make_inputs(g, 1, r, 128, 128, seed=21, batch=(t,))
@@ -180,10 +197,16 @@ def interp_results() -> dict:
 @pytest.mark.parametrize("name", ["fp8dot_128", "fp8dot_splitk_128", "dequant_32", "dequant_splitk_32",
                                   "fp8dot_32_prefill", "default_cfg_32", "dequant_matmul_32",
                                   "accum_colmajor", "einsum", "gemv_32", "gemv_split_32", "gemv_split_128",
-                                  "gemv_default_32", "gemv_accum_colmajor"])
+                                  "gemv_default_32", "gemv_accum_colmajor", "gemv_ragged_k_split_32",
+                                  "gemv_vec8", "gemv_default_few_tiles_32"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
     assert_gemm_close(out, ref)
+
+
+def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
+    """Prefill dequant (pow-2 group broadcast and per-element gather) equals fp32 dequant -> bf16."""
+    assert interp_results["dequant_exact"] == [True, True, True]
 
 
 # --------------------------------------------------------------------------- GPU: V4.1-Flash sizes
@@ -198,6 +221,33 @@ def test_gpu_gemv_v41(m: int, n: int, k: int) -> None:
     assert_gemm_close(out, ref)
     fp8_block_gemm(a, sa, b, sb, (32, 32), out=out)  # counters reset: a second call is right too
     assert_gemm_close(out, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,k", [(5120, 1152), (2304, 5120)])
+def test_gpu_gemv_configs(n: int, k: int) -> None:
+    """Every GEMV variant the benchmark sweeps (tile, warps, split) is right at real sizes."""
+    from kernels_triton.fp8_gemm import GemvConfig
+
+    a, sa, b, sb = make_inputs(1, n, k, 32, 32, seed=n + k, device="cuda")
+    ref = oracle(a, sa, b, sb, 32, 32)
+    out = torch.empty((1, n), dtype=torch.bfloat16, device="cuda")
+    for bn_, bk_ in ((8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)):
+        for w in (4, 8):
+            for split in (1, 3):
+                out.fill_(float("nan"))
+                fp8_block_gemm(a, sa, b, sb, (32, 32), out=out, config=GemvConfig(bn_, bk_, split, w, 1))
+                assert_gemm_close(out, ref)
+
+
+@pytest.mark.gpu
+def test_gpu_dequant_bf16_exact() -> None:
+    """The prefill weight dequant at a V4.1 size equals fp32 dequant rounded to bf16, bit for bit."""
+    from kernels_triton.fp8_gemm import dequant_bf16
+
+    _, _, b, sb = make_inputs(1, 2304, 5120, 32, 32, seed=3, device="cuda")
+    want = (b.float() * sb.repeat_interleave(32, 0).repeat_interleave(32, 1)).bfloat16()
+    assert torch.equal(dequant_bf16(b, sb, 32, 32), want)
 
 
 @pytest.mark.gpu
