@@ -7,7 +7,8 @@ Prints, with rooflines measured in the same run:
   scales, M padded to 16: its minimum) and bf16 torch.matmul on the same shapes;
 - prefill at M=2048: TFLOP/s of the Triton GEMM ([32,32] and [128,128]) vs bf16 torch.matmul.
 Weights rotate over several copies (> L2) so the GEMV numbers are DRAM numbers, as in decode.
-Usage: PYTHONPATH=. python3 scripts/bench/gemm.py [--sweep] [--json PATH]
+Usage: PYTHONPATH=. python3 scripts/bench/gemm.py [--sweep] [--prefill-sweep] [--no-prefill] [--baseline]
+       [--json PATH]
 """
 
 from __future__ import annotations
@@ -124,6 +125,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
     ap.add_argument("--no-prefill", action="store_true", help="skip the M=2048 part")
+    ap.add_argument("--prefill-sweep", action="store_true", help="try the M=2048 GEMM configs too")
+    ap.add_argument("--baseline", action="store_true",
+                    help="also time scripts/bench/_fp8_gemm_before.py's GEMV (the previous kernel), if present")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
@@ -136,38 +140,64 @@ def main() -> None:
     res["copy_GBps"] = copy_bw
     print(f"copy bandwidth: {copy_bw:.0f} GB/s (read+write)")
 
-    # M = 1 GEMV sweep: (block_n, block_k) x warps x stages; the split count is a runtime argument
-    # (1 and the SM-count heuristic's), so only the tile/warps/stages/split-or-not variants compile.
-    sweep_tiles = [(8, 512), (8, 1024), (16, 512), (16, 1024), (32, 256), (32, 512)]
-    sweep_cfgs = [(bn_, bk_, w, st) for bn_, bk_ in sweep_tiles for w in (4, 8) for st in (1, 3)] if args.sweep else []
+    # M = 1 GEMV sweep: (block_n, block_k) x warps x (no split, ~4 CTAs/SM of splits); the split
+    # count is a runtime argument, so only split-or-not doubles the compiles.
+    sweep_tiles = [(8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)]
+    sweep_cfgs = [(bn_, bk_, w) for bn_, bk_ in sweep_tiles for w in (4, 8)] if args.sweep else []
     sweep_hist: dict = {}
+    before = None
+    if args.baseline:
+        # The GEMV kernel as committed before this change (an untracked copy the device run carries),
+        # timed with its own default config in the same run: "before" next to "after".
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fp8_gemm_before.py")
+        if os.path.exists(path):
+            spec = importlib.util.spec_from_file_location("_fp8_gemm_before", path)
+            before = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = before  # dataclasses look their module up there
+            spec.loader.exec_module(before)
 
     rows = []
     total_ms = 0.0
     total_bytes = 0
     best_total = 0.0
+    before_total = 0.0
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k in SHAPES:
         copies = max(2, int(3 * 60e6 // (n * k)) + 1)  # > 3x the 60 MB L2 per rotation
         wts = Weights(n, k, 32, 32, copies)
         ms = gemv_time(wts, 1, None)
         best = (ms, "default " + str(default_gemv_config(n, k, 32, torch.device("cuda"))))
+        before_ms = None
+        if before is not None:
+            a1, sa1 = act(1, k, 32)
+            o1 = torch.empty(1, n, dtype=torch.bfloat16, device="cuda")
+            before_ms = graph_bench([lambda w=w, s=s, a1=a1, sa1=sa1, o1=o1: before.fp8_block_gemm(a1, sa1, w, s, (32, 32), out=o1)
+                                     for _ in range(2) for w, s in zip(wts.w, wts.s, strict=True)])
         if args.sweep:
-            for bn_, bk_, w, st in sweep_cfgs:
+            tops = []
+            for bn_, bk_, w in sweep_cfgs:
+                if bk_ > max(512, triton.next_power_of_2(k)):
+                    continue
                 tiles = -(-n // bn_)
-                auto = max(1, min(-(-k // bk_), -(-2 * sms // tiles)))
-                for split in sorted({1, auto, 2 * auto}):
-                    cfg = GemvConfig(bn_, bk_, split, w, st)
+                auto = max(1, min(-(-k // bk_), -(-4 * sms // tiles)))
+                for split in sorted({1, auto}):
+                    cfg = GemvConfig(bn_, bk_, split, w, 1)
                     try:
                         t = gemv_time(wts, 1, cfg, repeat=1)
                     except Exception as e:  # noqa: BLE001
                         print(f"  cfg {cfg} failed: {type(e).__name__}: {str(e)[:80]}")
                         continue
-                    sweep_hist.setdefault((bn_, bk_, w, st, split == 1), []).append(t / ms)
+                    sweep_hist.setdefault((bn_, bk_, w, split == 1), []).append(t / ms)
+                    tops.append((t, f"{bn_},{bk_},{split},{w},1"))
                     if t < best[0]:
                         best = (t, str(cfg))
-            print(f"  best for {n}x{k}: {best[0] * 1e3:.1f} us {best[1]}")
+            tops.sort()
+            print(f"  best for {n}x{k}: {best[0] * 1e3:.1f} us {best[1]}; top 4: "
+                  + "; ".join(f"{c} {t * 1e3:.1f}" for t, c in tops[:4]))
         best_total += best[0]
+        before_total += before_ms or 0.0
         gbps = wts.nbytes() / ms / 1e6
         smm = scaled_mm_time(wts, 1)
         bfs = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, copies // 2))]
@@ -177,10 +207,12 @@ def main() -> None:
         small = {m: gemv_time(wts, m, None) for m in (2, 4, 16)}
         rows.append({"n": n, "k": k, "ms": ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
                      "scaled_mm_ms_M16": smm, "bf16_matmul_ms_M1": bf_ms,
-                     "best_sweep": best if args.sweep else None, **{f"ms_M{m}": t for m, t in small.items()}})
+                     "best_sweep": best if args.sweep else None, "before_ms": before_ms,
+                     **{f"ms_M{m}": t for m, t in small.items()}})
         total_ms += ms
         total_bytes += wts.nbytes()
         print(f"GEMV M=1 {n:>6}x{k:<5}: {ms * 1e3:7.1f} us {gbps:6.0f} GB/s ({100 * gbps / copy_bw:4.1f}% of copy)"
+              f" | before: {'n/a' if before_ms is None else f'{before_ms * 1e3:.1f} us'}"
               f" | M=2/4/16: {small[2] * 1e3:.1f}/{small[4] * 1e3:.1f}/{small[16] * 1e3:.1f} us"
               f" | _scaled_mm(M=16, per-tensor): {'n/a' if smm is None else f'{smm * 1e3:.1f} us'}"
               f" | bf16 matmul M=1: {bf_ms * 1e3:.1f} us")
@@ -191,7 +223,10 @@ def main() -> None:
         print(f"sweep best per shape, summed: {best_total * 1e3:.1f} us per layer "
               f"({100 * total_bytes / best_total / 1e6 / copy_bw:.1f}% of copy)")
         for key, rel in sorted(sweep_hist.items(), key=lambda kv: sum(kv[1]) / len(kv[1]))[:8]:
-            print(f"  (bn, bk, warps, stages, no-split)={key}: mean time / default = {sum(rel) / len(rel):.3f}")
+            print(f"  (bn, bk, warps, no-split)={key}: mean time / default = {sum(rel) / len(rel):.3f}")
+    if before is not None:
+        print(f"before (previous GEMV kernel, its defaults): {before_total * 1e3:.1f} us per layer "
+              f"({100 * total_bytes / before_total / 1e6 / copy_bw:.1f}% of copy)")
     res["gemv"] = rows
     res["per_layer_ms"] = total_ms
     res["per_token_40_layers_ms"] = total_ms * LAYERS
@@ -214,7 +249,7 @@ def main() -> None:
         for bn_, bk_ in ((32, 32), (128, 128)):
             wts = Weights(n, k, bn_, bk_, 1)
             t_best, c_best = gemv_time(wts, m, None, 3), "default"
-            if args.sweep:
+            if args.prefill_sweep:
                 for cfg in PREFILL_SWEEP[bk_]:
                     try:
                         t = gemv_time(wts, m, cfg, 3)
