@@ -15,7 +15,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-d
 # --target installs skip .pth files; sitecustomize does what winport_shims.pth does in a venv, in
 # every interpreter (pytest, `winport serve`, SGLang's spawned scheduler/detokenizer).
 printf 'import winport._bootstrap as _b\n_b.activate()\nimport os, sys\nif os.environ.get("WINPORT_JIT_PROBE_FILE"):\n    sys.path.insert(0, os.environ["WINPORT_REPO"] + "/scripts/gpu")\n    import jit_probe  # noqa: F401\n' > "$SITE/sitecustomize.py"
-export WINPORT_REPO="$PWD"
+export WINPORT_REPO="$PWD" WINPORT_TEST_SERVER_LOG_DIR="${OUT:-/tmp/out}/servers"
 export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
 python3 -m winport doctor 2>&1 | tail -15
 WINPORT_EMULATE_WINDOWS=1 SGLANG_ENABLE_JIT_DEEPGEMM=0 SGLANG_IS_FLASHINFER_AVAILABLE=false python3 -c "import sglang.srt.entrypoints.engine, sglang.launch_server" || exit 3

@@ -80,3 +80,11 @@ def stop(srv: Server) -> None:
             srv.proc.wait(60)
         except subprocess.TimeoutExpired:
             srv.proc.kill()
+    # The GPU scripts collect each server's output (the client side alone cannot say why a request
+    # failed): WINPORT_TEST_SERVER_LOG_DIR names the folder.
+    log_dir = os.environ.get("WINPORT_TEST_SERVER_LOG_DIR")
+    if log_dir:
+        os.makedirs(log_dir, exist_ok=True)
+        name = f"server-{srv.url.rsplit(':', 1)[1]}.log"
+        with open(os.path.join(log_dir, name), "w", encoding="utf-8") as f:
+            f.write(srv.text())

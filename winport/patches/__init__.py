@@ -13,6 +13,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_dsv4_fp8_kv",
     "dsv4_generic_device",
     "cuda_jit_quant",
+    "fused_op_without_jit",
     "dsv4_cpu_fused_store",
     "dsv41_cpu_swa_layout_flag",
     "dsv41_cpu_index_k_store",
