@@ -4,7 +4,8 @@ winport.gguf.export writes the v41 demo (winport.demo.config_v41 / weights_v41) 
 ``deepseek41`` GGUF: its ratio-1/2 compressors and indexers under llama.cpp's tensor names, the
 kv/index source layers and the engram layout as hparams, the engram table as MXFP8 (fork type 43:
 8 E8M0 scales then 256 e4m3 values per block; the demo's 64-value rows are packed four to a
-block, see export.engram_gguf_shape). winport.gguf.to_checkpoint turns it back into a folder.
+block, see export.engram_gguf_shape); its DSpark draft stages (mtp.*), when the demo bundles them, go
+to a draft GGUF next to it. winport.gguf.to_checkpoint turns both back into one folder.
 Checked here:
 - every tensor comes back bit for bit with its name, shape and dtype (the demo's dense weights are
   bf16, its engram FP8 + E8M0: all lossless in GGUF), config.json is the demo's dict, and SGLang's
@@ -51,7 +52,8 @@ def v41_gguf(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def converted(v41_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
-    return gguf_to_checkpoint(v41_gguf, cache=tmp_path_factory.mktemp("cache"), progress=False)
+    # draft=None: the demo's DSpark draft (when it bundles one) is exported next to the model GGUF.
+    return gguf_to_checkpoint(v41_gguf, cache=tmp_path_factory.mktemp("cache"), progress=False, draft=None)
 
 
 def _load(folder: Path) -> dict[str, torch.Tensor]:

@@ -1,5 +1,6 @@
-"""Command-line pieces: ``info`` (like gguf-dump, plus the SGLang name each tensor maps to) and
-``dump`` (one tensor, dequantized, to .npy). The lead wires these into ``winport gguf``."""
+"""Command-line pieces: ``info`` (like gguf-dump, plus the SGLang name each tensor maps to),
+``dump`` (one tensor, dequantized, to .npy) and ``export`` (a checkpoint folder, and/or the DSpark
+draft it bundles, as GGUF). The lead wires these into ``winport gguf``."""
 
 from __future__ import annotations
 
@@ -76,10 +77,54 @@ def dump_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Dispatch ``info`` / ``dump``."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("info", "dump"):
-        print("usage: python -m winport.gguf {info FILE | dump FILE TENSOR --npy OUT}", file=sys.stderr)
+def export_main(argv: list[str] | None = None) -> int:
+    """``export CHECKPOINT OUT.gguf [--draft-out DRAFT.gguf] [--draft-only] [--q8_0] [--arch A]``:
+    a DeepSeek-V4/V4.1 checkpoint folder (bf16/f32 tensors) as llama.cpp-named GGUF; with
+    ``--draft-only`` OUT is the DSpark draft GGUF (Q8_0 unless ``--no-q8_0``) of its ``mtp.*`` tensors."""
+    ap = argparse.ArgumentParser(prog="winport gguf export", description=export_main.__doc__)
+    ap.add_argument("checkpoint")
+    ap.add_argument("out")
+    ap.add_argument("--arch", choices=("deepseek4", "deepseek41"), default=None,
+                    help="GGUF architecture (default: from config.json model_type)")
+    ap.add_argument("--draft-out", default=None, help="also write the bundled DSpark draft here")
+    ap.add_argument("--draft-only", action="store_true", help="write only the DSpark draft, to OUT")
+    ap.add_argument("--q8_0", dest="q8_0", action="store_true",
+                    help="model: dense linear weights as Q8_0 (default: as stored); the draft follows")
+    ap.add_argument("--no-q8_0", dest="draft_q8_0", action="store_false",
+                    help="with --draft-only: keep the draft's tensors as stored (default Q8_0)")
+    args = ap.parse_args(argv)
+    import json
+    from pathlib import Path
+
+    from .export import checkpoint_to_gguf, draft_to_gguf
+
+    try:
+        cfg_path = Path(args.checkpoint) / "config.json"
+        try:
+            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise GGUFError(f"{cfg_path}: cannot read ({e})") from e
+        arch = args.arch or ("deepseek41" if config.get("model_type") == "deepseek_v41" else "deepseek4")
+        if args.draft_only:
+            out = draft_to_gguf(args.checkpoint, args.out, arch=arch, q8_0=args.draft_q8_0)
+        else:
+            out = checkpoint_to_gguf(args.checkpoint, args.out, arch=arch, dense_q8_0=args.q8_0,
+                                     draft_out=args.draft_out, progress=True)
+        print(f"wrote {out}" + (f" and {args.draft_out}" if args.draft_out and not args.draft_only else ""))
+    except GGUFError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    return info_main(argv[1:]) if argv[0] == "info" else dump_main(argv[1:])
+    return 0
+
+
+_COMMANDS = {"info": info_main, "dump": dump_main, "export": export_main}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``info`` / ``dump`` / ``export``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in _COMMANDS:
+        print("usage: python -m winport.gguf {info FILE | dump FILE TENSOR --npy OUT | "
+              "export CHECKPOINT OUT.gguf [--draft-out D.gguf | --draft-only]}", file=sys.stderr)
+        return 2
+    return _COMMANDS[argv[0]](argv[1:])

@@ -354,7 +354,8 @@ _SKIP_SUFFIX = re.compile(r"\.weight$")
 # config.json keys of a bundled DSpark draft that SGLang 0.5.23 reads (dspark_config.py,
 # deepseek_v4_dspark.py _dspark_stage_config), taken from the draft GGUF's metadata.
 _DSPARK_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_target_layer_ids", "dspark_noise_token_id",
-                "dspark_n_routed_experts", "dspark_num_experts_per_tok")
+                "dspark_n_routed_experts", "dspark_num_experts_per_tok", "enable_confidence_head",
+                "confidence_head_with_markov")
 MMPROJ_TABLE_PATH = Path(__file__).with_name("deepseek41_mmproj_names.toml")
 
 

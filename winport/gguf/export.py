@@ -147,7 +147,21 @@ _ST_TO_NP = {"BF16": np.int16, "F32": np.float32, "F16": np.float16, "I32": np.i
              "I16": np.int16, "I8": np.int8, "F64": np.float64}
 
 
-def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
+def _model_name(name: str) -> str | None:
+    """The model GGUF holds every checkpoint tensor but the bundled DSpark draft's ``mtp.*``."""
+    return None if name.startswith("mtp.") else name
+
+
+def _draft_name(name: str) -> str | None:
+    """The draft GGUF holds ``mtp.<stage>.*`` as stage ``blk.<stage>.*`` (``layers.<stage>.*`` targets)."""
+    return "layers." + name[len("mtp."):] if name.startswith("mtp.") else None
+
+
+def _plan_tensors(folder: Path, dense_q8_0: bool, rename: Any = _model_name,
+                  experts_q8_0: bool = False) -> list[_Planned]:
+    """Plan the GGUF tensors of ``folder``'s safetensors. ``rename``: checkpoint name -> table name
+    (None: not in this file). ``dense_q8_0`` / ``experts_q8_0``: store the ``fp8`` role / stacked
+    routed experts as Q8_0 (rows whose width is a multiple of 32)."""
     from safetensors import safe_open
 
     files = sorted(folder.glob("*.safetensors"))
@@ -159,9 +173,12 @@ def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
     for f in files:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 - safe_open is not a dict
+                table_name = rename(name)
+                if table_name is None:
+                    continue
                 sl = st.get_slice(name)
                 shape, dtype = tuple(sl.get_shape()), sl.get_dtype()
-                g, role, e = gguf_name(name)
+                g, role, e = gguf_name(table_name)
                 if role == "engram":
                     engram.setdefault(g, {})["scale" if name.endswith(".scale") else "weight"] = (
                         str(f), name, shape, dtype)
@@ -181,8 +198,9 @@ def _plan_tensors(folder: Path, dense_q8_0: bool) -> list[_Planned]:
         first = by_e[0]
         if any(v[2] != first[2] or v[3] != first[3] for v in by_e.values()):
             raise GGUFError(f"{folder}: experts of {g!r} differ in shape or dtype")
-        plans[g] = _Planned(g, "experts", [(v[0], v[1]) for _, v in sorted(by_e.items())],
-                            (len(by_e), *first[2]), first[3])
+        shape = (len(by_e), *first[2])
+        plans[g] = _Planned(g, "experts", [(v[0], v[1]) for _, v in sorted(by_e.items())], shape, first[3],
+                            experts_q8_0 and shape[-1] % Q8_0_BLOCK == 0)
     for g, parts in engram.items():
         plans[g] = _plan_engram(folder, g, parts)
 
@@ -302,34 +320,31 @@ def _add_kv(writer: Any, key: str, value: Any, vtype: str) -> None:
         writer.add_key_value(key, value, V[vtype])
 
 
-def checkpoint_to_gguf(
-    checkpoint_dir: str | Path,
-    out_path: str | Path,
-    *,
-    arch: str = "deepseek4",
-    dense_q8_0: bool = False,
-    name: str | None = None,
-    progress: bool = False,
-) -> Path:
-    """Write ``checkpoint_dir`` (config.json, tokenizer files, *.safetensors) as one GGUF file.
+# config.json keys of a bundled DSpark draft (SGLang 0.5.23: speculative/dspark_components/dspark_config.py,
+# models/deepseek_v4_dspark.py): written to the draft GGUF, not the model's.
+DRAFT_CONFIG_KEYS = ("num_nextn_predict_layers", "dspark_block_size", "dspark_markov_rank", "dspark_target_layer_ids",
+                     "dspark_noise_token_id", "dspark_n_routed_experts", "dspark_num_experts_per_tok",
+                     "enable_confidence_head", "confidence_head_with_markov")
 
-    The file is written next to ``out_path`` under a temporary name and renamed when complete.
-    Raises GGUFError when a tensor or config key has no GGUF spelling in the name table, or when
-    the written hparams would not give the same config.json back.
-    """
+
+def _bundles_draft(config: dict[str, Any]) -> bool:
+    return any(k.startswith("dspark_") for k in config)
+
+
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json as the model GGUF carries it: without a bundled DSpark draft's keys (those go to
+    the draft GGUF; the model file then says num_nextn_predict_layers 0, the table's default)."""
+    if not _bundles_draft(config):
+        return dict(config)
+    out = {k: v for k, v in config.items() if k not in DRAFT_CONFIG_KEYS}
+    out["num_nextn_predict_layers"] = 0
+    return out
+
+
+def _write_gguf(out: Path, arch: str, kv: dict[str, tuple[Any, str]], plans: list[_Planned], progress: bool) -> Path:
+    """Write ``plans`` (streaming, one tensor at a time) under ``out``.partial; returns that path."""
     import gguf
     from tqdm import tqdm
-
-    folder = Path(checkpoint_dir)
-    out = Path(out_path)
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    plans = _plan_tensors(folder, dense_q8_0)
-    kv: dict[str, tuple[Any, str]] = {"general.name": (name or folder.name, "STRING")}
-    kv.update(_hp.metadata_from_config(config, arch))
-    kv.update(tokenizer_metadata(folder))
-    if dense_q8_0:
-        kv["general.file_type"] = (int(gguf.LlamaFileType.MOSTLY_Q8_0), "UINT32")
-    kv["general.quantization_version"] = (gguf.GGML_QUANT_VERSION, "UINT32")
 
     tmp = out.with_name(out.name + ".partial")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -341,15 +356,115 @@ def checkpoint_to_gguf(
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for p in tqdm(plans, desc="gguf export", unit="tensor", disable=not progress):
+    for p in tqdm(plans, desc=f"gguf export {out.name}", unit="tensor", disable=not progress):
         arr = _load(p)
         if p.q8_0:
             arr = _quantize_q8_0(p, arr)
         writer.write_tensor_data(np.ascontiguousarray(arr))
     writer.close()
-    _check_config_round_trip(tmp, config)
+    return tmp
+
+
+def checkpoint_to_gguf(
+    checkpoint_dir: str | Path,
+    out_path: str | Path,
+    *,
+    arch: str = "deepseek4",
+    dense_q8_0: bool = False,
+    name: str | None = None,
+    progress: bool = False,
+    draft_out: str | Path | None = None,
+) -> Path:
+    """Write ``checkpoint_dir`` (config.json, tokenizer files, *.safetensors) as one GGUF file.
+
+    The file is written next to ``out_path`` under a temporary name and renamed when complete.
+    A bundled DSpark draft (``mtp.*`` tensors, ``dspark_*`` config keys) is never put in the model
+    file: with ``draft_out`` it is written there by :func:`draft_to_gguf` (Q8_0 when ``dense_q8_0``,
+    else lossless), else left out (said so).
+    Raises GGUFError when a tensor or config key has no GGUF spelling in the name table, or when
+    the written hparams would not give the same config.json back.
+    """
+    import gguf
+
+    folder = Path(checkpoint_dir)
+    out = Path(out_path)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    mconfig = model_config(config)
+    plans = _plan_tensors(folder, dense_q8_0)
+    kv: dict[str, tuple[Any, str]] = {"general.name": (name or folder.name, "STRING")}
+    kv.update(_hp.metadata_from_config(mconfig, arch))
+    kv.update(tokenizer_metadata(folder))
+    if dense_q8_0:
+        kv["general.file_type"] = (int(gguf.LlamaFileType.MOSTLY_Q8_0), "UINT32")
+    kv["general.quantization_version"] = (gguf.GGML_QUANT_VERSION, "UINT32")
+    tmp = _write_gguf(out, arch, kv, plans, progress)
+    _check_config_round_trip(tmp, mconfig)
+    tmp.replace(out)
+    if draft_out is not None:
+        draft_to_gguf(folder, draft_out, arch=arch, name=(name or folder.name) + "-DSpark", progress=progress,
+                      q8_0=dense_q8_0)
+    elif _bundles_draft(config):
+        print(f"winport gguf export: {folder} bundles a DSpark draft (mtp.* tensors); not written "
+              "(name a draft file to write it)", flush=True)
+    return out
+
+
+def draft_to_gguf(
+    checkpoint_dir: str | Path,
+    out_path: str | Path,
+    *,
+    arch: str = "deepseek41",
+    name: str | None = None,
+    progress: bool = False,
+    q8_0: bool = True,
+) -> Path:
+    """Write the DSpark draft bundled in ``checkpoint_dir`` as a draft GGUF (what Unsloth ships as Q8_0).
+
+    Stage ``s`` tensors ``mtp.<s>.*`` become ``blk.<s>.*`` (the name table's DSpark rows for the
+    draft-only tensors: ``dspark_main_proj``, ``dspark_markov_embd``, ...), the inverse of
+    winport.gguf.convert.LoadedGGUF.draft_weights. Dense linear weights and the stacked routed
+    experts are stored as Q8_0 (gguf-py's quantizer; ``q8_0=False``: as stored, lossless), norms
+    and other float tensors as stored.
+    Metadata: ``{arch}.block_count`` = stages and the ``dspark_*`` / confidence-head keys under
+    their ``{arch}.mtp.*`` spellings. Read back, the file must give the same draft config
+    (LoadedGGUF.draft_config's keys) or this raises GGUFError.
+    """
+    folder = Path(checkpoint_dir)
+    out = Path(out_path)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not _bundles_draft(config):
+        raise GGUFError(f"{folder / 'config.json'}: no dspark_* keys: the checkpoint bundles no DSpark draft")
+    plans = _plan_tensors(folder, q8_0, rename=_draft_name, experts_q8_0=q8_0)
+    stages = int(config.get("num_nextn_predict_layers") or 0)
+    if not plans or stages < 1:
+        raise GGUFError(f"{folder}: config says {stages} DSpark stage(s) and there are {len(plans)} mtp.* tensors")
+    found = {int(m.group(1)) for p in plans if (m := re.match(r"^blk\.(\d+)\.", p.gguf))}
+    if found != set(range(stages)):
+        raise GGUFError(f"{folder}: mtp.* tensors are for stages {sorted(found)}, config.json says {stages}")
+    dconfig = {k: config[k] for k in DRAFT_CONFIG_KEYS if k in config}
+    kv: dict[str, tuple[Any, str]] = {"general.name": (name or folder.name + "-DSpark", "STRING"),
+                                      f"{arch}.block_count": (stages, "UINT32")}
+    kv.update(_hp.metadata_from_config(dconfig, arch))
+    if q8_0:
+        kv["general.file_type"] = (_q8_0_file_type(), "UINT32")
+    tmp = _write_gguf(out, arch, kv, plans, progress)
+    from .reader import open_gguf
+
+    with open_gguf(tmp) as m:
+        back = _names.hparams_from_metadata(m.metadata)
+    diff = sorted(k for k in dconfig if back.get(k) != dconfig[k])
+    if diff:
+        tmp.unlink()
+        raise GGUFError(f"{tmp}: the draft hparams do not give the draft config back "
+                        f"({', '.join(f'{k}: {dconfig[k]!r} -> {back.get(k)!r}' for k in diff)})")
     tmp.replace(out)
     return out
+
+
+def _q8_0_file_type() -> int:
+    import gguf
+
+    return int(gguf.LlamaFileType.MOSTLY_Q8_0)
 
 
 def _check_config_round_trip(path: Path, config: dict[str, Any]) -> None:
@@ -365,11 +480,13 @@ def _check_config_round_trip(path: Path, config: dict[str, Any]) -> None:
 
 
 def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: str | Path | None = None,
-                     variant: str = "v4") -> Path:
+                     variant: str = "v4", draft_out: str | Path | bool | None = None) -> Path:
     """The demo model (built or cached by winport.demo.build) as a GGUF at ``out_path``.
 
     ``variant`` "v4" is written as llama.cpp's ``deepseek4`` architecture, "v41" as ``deepseek41``
-    (its engram table as MXFP8, fork type 43, see :func:`engram_gguf_shape`).
+    (its engram table as MXFP8, fork type 43, see :func:`engram_gguf_shape`). A demo that bundles
+    a DSpark draft gets its draft GGUF too: at ``draft_out``, or (None) next to the model as
+    ``<stem>-DSpark.gguf`` where winport.gguf.convert finds sidecars; False: no draft file.
     """
     from winport.demo.build import ensure_demo
 
@@ -378,6 +495,10 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
         raise GGUFError(f"demo variant {variant!r}: no GGUF architecture for it ({', '.join(archs)})")
     # The plain bf16 form (the same values as the FP8 + MXFP4 demo): GGUF has no FP8 block type.
     src = ensure_demo(variant, Path(folder) if folder else None, quantized=False)
-    return checkpoint_to_gguf(src, out_path, arch=archs[variant],
+    out = Path(out_path)
+    bundles = _bundles_draft(json.loads((src / "config.json").read_text(encoding="utf-8")))
+    if draft_out is None and bundles:
+        draft_out = out.with_name(out.stem + "-DSpark" + out.suffix)
+    return checkpoint_to_gguf(src, out, arch=archs[variant],
                               name=f"winport-demo-{variant}" + ("-Q8_0" if dense_q8_0 else "-BF16"),
-                              dense_q8_0=dense_q8_0)
+                              dense_q8_0=dense_q8_0, draft_out=draft_out or None)
