@@ -5,10 +5,15 @@ logit to -inf. `indices` optionally selects the rows to mask; as in xgrammar, ro
 uses row i of the bitmask (both indexed by the selected row id).
 
 One program per (row, WORDS mask words = 32*WORDS logits): each mask word is loaded once and
-expanded to a [WORDS, 32] tile of bits in registers. FULL=True reads the logits and writes the whole
-tile back (vectorized loads and stores); FULL=False only stores -inf where a bit is clear (no logit
-read, but per-element predicated stores that leave partial sectors, which HBM with ECC must
-read-modify-write). Both are exact; the benchmark sweep picks the faster default.
+expanded to a [WORDS, 32] tile of bits in registers. MODE picks how the logits are touched (all
+exact):
+  0: only store -inf where a bit is clear (no logit read, but per-element predicated stores that
+     leave partial sectors, which HBM with ECC must read-modify-write);
+  1: read the whole tile and write it back (vector loads and stores);
+  2: per mask word: all clear (0) -> store 32 x -inf without reading, all set (-1) -> touch nothing,
+     mixed -> read and write back. Grammar masks are mostly whole words of one kind (a structural
+     position allows few tokens, a string body allows nearly all), so this skips most reads; on a
+     random mask it does what MODE 1 does.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ import torch
 import triton
 import triton.language as tl
 
-# Defaults chosen from the H200 sweep (scripts/bench/ops.py --sweep): (WORDS, FULL, num_warps).
-BITMASK_CONFIG = (128, True, 4)
+# Defaults chosen from the H200 sweep (scripts/bench/ops.py --sweep, RESULTS.md 2026-11-29, "bitmask
+# cold L2"): (WORDS, MODE, num_warps). MODE 2: on a grammar-like mask 9.2 us warm / 16.1 us cold L2
+# against MODE 1's 11.0 / 23.5; on a random mask (every word mixed) 13.2 / 23.5 against 10.8 / 23.2.
+BITMASK_CONFIG = (128, 2, 8)
 
 
 @triton.jit
 def _bitmask_kernel(logits_ptr, mask_ptr, idx_ptr, vocab, n_words, logits_stride, mask_stride,
-                    HAS_IDX: tl.constexpr, WORDS: tl.constexpr, FULL: tl.constexpr):
+                    HAS_IDX: tl.constexpr, WORDS: tl.constexpr, MODE: tl.constexpr):
     r = tl.program_id(0)
     if HAS_IDX:
         row = tl.load(idx_ptr + r).to(tl.int64)
@@ -36,19 +43,25 @@ def _bitmask_kernel(logits_ptr, mask_ptr, idx_ptr, vocab, n_words, logits_stride
     m = cols < vocab  # vocab <= 32 * n_words, so every column in range has its word
     allowed = ((words[:, None] >> b[None, :]) & 1) != 0
     ptr = logits_ptr + row * logits_stride + cols
-    if FULL:
+    if MODE == 1:
         x = tl.load(ptr, mask=m, other=0.0)
         # Through fp32 (exact for fp16/bf16 logits): the interpreter has no bf16 constants.
         tl.store(ptr, tl.where(allowed, x.to(tl.float32), float("-inf")).to(x.dtype), mask=m)
+    elif MODE == 2:
+        # Words with all bits clear need no read (every logit becomes -inf); all-set words no access.
+        mixed = ((words != 0) & (words != -1))[:, None]
+        x = tl.load(ptr, mask=m & mixed, other=0.0)
+        tl.store(ptr, tl.where(allowed, x.to(tl.float32), float("-inf")).to(x.dtype),
+                 mask=m & (words != -1)[:, None])
     else:
         tl.store(ptr, float("-inf"), mask=m & (~allowed))
-
 
 def bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.Tensor | None = None,
                    config: tuple[int, bool, int] | None = None) -> None:
     """In place on logits [B, V] (or [V]).
 
-    config = (WORDS mask words per program, FULL, num_warps) overrides BITMASK_CONFIG (benchmarks, tests)."""
+    config = (WORDS mask words per program, MODE (see the module docstring), num_warps) overrides
+    BITMASK_CONFIG (benchmarks, tests)."""
     lg = logits.view(1, -1) if logits.dim() == 1 else logits
     bm = bitmask.view(1, -1) if bitmask.dim() == 1 else bitmask
     if lg.stride(-1) != 1 or bm.stride(-1) != 1:
@@ -57,10 +70,10 @@ def bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor, indices: torch.T
     if n_rows == 0:
         return
     vocab = min(lg.shape[1], bm.shape[1] * 32)
-    words, full, warps = config or BITMASK_CONFIG
+    words, mode, warps = config or BITMASK_CONFIG
     _bitmask_kernel[(n_rows, triton.cdiv(triton.cdiv(vocab, 32), words))](
         lg, bm, indices if indices is not None else bm, vocab, bm.shape[1], lg.stride(0), bm.stride(0),
-        HAS_IDX=indices is not None, WORDS=words, FULL=bool(full), num_warps=warps)
+        HAS_IDX=indices is not None, WORDS=words, MODE=int(mode), num_warps=warps)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -100,41 +100,53 @@ def _sm_count(index: int) -> int:
 
 def softmax_config(b: int, v: int, device: torch.device) -> tuple[int, int, int, bool]:
     """Default (splits per row, BLOCK, num_warps, KEEP_L2), from the H200 sweep (scripts/bench/ops.py
-    --sweep): split rows so that every SM gets ~16 programs of 4 warps. KEEP_L2 (eviction hints) is
-    off: it is correct on the H200 but its speed has not been measured yet (the sweep times both)."""
+    --sweep): split rows so that every SM gets ~16 programs; BLOCK 1024 with 2 warps and the L2
+    eviction hints had the best cold-L2 time at 64 x 129280 (32.8 us, 29.4 us warm; every config
+    swept was within 29-31 us warm, 33-35 us cold: the two reads of the logits bound it)."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 8
-    block = min(2048, triton.next_power_of_2(v))
-    return max(1, min(triton.cdiv(16 * sms, b), triton.cdiv(v, block))), block, 4, False
+    block = min(1024, triton.next_power_of_2(v))
+    return max(1, min(triton.cdiv(16 * sms, b), triton.cdiv(v, block))), block, 2, True
 
 
 def softmax_triton(logits: torch.Tensor, temperature: torch.Tensor | float | None, out: torch.Tensor,
-                   config: tuple[int, int, int, bool] | None = None) -> None:
+                   config: tuple[int, int, int, bool] | tuple[int, int, int, bool, int] | None = None) -> None:
     """fp32 softmax(logits / temperature) per row into out.
 
     Each row is cut into `splits` column ranges (a multiple of BLOCK wide) so that a small batch of
     long rows still spreads over every SM: pass 1 writes (max, sum of exp) per split, pass 2 combines
     them and writes the normalized output (KEEP_L2: L2 eviction hints so that pass 2 finds the logits
-    in L2). config = (splits, BLOCK, num_warps, KEEP_L2) overrides softmax_config (benchmarks, tests)."""
+    in L2). config = (splits, BLOCK, num_warps, KEEP_L2[, row_groups]) overrides softmax_config
+    (benchmarks, tests); row_groups > 1 runs both passes on one group of rows after another, so that
+    a group's logits are still in L2 when its pass 2 reads them (2 launches per group)."""
     b, v = logits.shape
     if b == 0:
         return
     if logits.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError("softmax_triton: logits and out need unit stride over the vocab")
+    if out.shape != logits.shape:
+        raise ValueError(f"softmax_triton: out has shape {tuple(out.shape)}, logits {tuple(logits.shape)}")
     has_t = isinstance(temperature, torch.Tensor)
     t_arg = temperature.float().reshape(-1).expand(b).contiguous() if has_t else logits
     scalar = float(temperature) if (temperature is not None and not has_t) else 1.0
-    splits, block, warps, keep_l2 = config or softmax_config(b, v, logits.device)
+    cfg = config or softmax_config(b, v, logits.device)
+    splits, block, warps, keep_l2 = cfg[:4]
+    groups = max(1, min(cfg[4] if len(cfg) > 4 else 1, b))
     chunk = triton.cdiv(triton.cdiv(v, splits), block) * block
     splits = triton.cdiv(v, chunk)  # no empty split
     m = torch.empty(b, splits, dtype=torch.float32, device=logits.device)
     l_ = torch.empty_like(m)
-    _softmax_stats_kernel[(b, splits)](logits, t_arg, m, l_, v, logits.stride(0), chunk, splits, scalar,
-                                       HAS_T=has_t, BLOCK=block, KEEP_L2=bool(keep_l2), num_warps=warps)
-    _softmax_norm_kernel[(b, splits)](logits, t_arg, m, l_, out, b, v, logits.stride(0), out.stride(0), chunk,
-                                      splits, scalar, HAS_T=has_t, BLOCK=block,
-                                      SBLOCK=triton.next_power_of_2(splits), KEEP_L2=bool(keep_l2),
-                                      num_warps=warps)
+    per = triton.cdiv(b, groups)
+    for r0 in range(0, b, per):
+        r1 = min(b, r0 + per)
+        xg, og, mg, lg = logits[r0:r1], out[r0:r1], m[r0:r1], l_[r0:r1]
+        tg = t_arg[r0:r1] if has_t else xg
+        _softmax_stats_kernel[(r1 - r0, splits)](xg, tg, mg, lg, v, logits.stride(0), chunk, splits, scalar,
+                                                 HAS_T=has_t, BLOCK=block, KEEP_L2=bool(keep_l2), num_warps=warps)
+        _softmax_norm_kernel[(r1 - r0, splits)](xg, tg, mg, lg, og, r1 - r0, v, logits.stride(0), out.stride(0),
+                                                chunk, splits, scalar, HAS_T=has_t, BLOCK=block,
+                                                SBLOCK=triton.next_power_of_2(splits), KEEP_L2=bool(keep_l2),
+                                                num_warps=warps)
 
 
 def softmax_ref(logits: torch.Tensor, temperature: torch.Tensor | float | None) -> torch.Tensor:

@@ -7,9 +7,11 @@ own time; cold: the graph time with L2 flushed before each call, since working s
 50 MB L2 of an H100/H200 otherwise stay in L2 from one replay to the next), achieved GB/s (bytes the
 op must move, over the graph time) and its share of the copy bandwidth measured in the same run
 (torch copy of 1 GiB, which L2 cannot hold), for each timing.
-Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py [--sweep]
+Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py [--sweep] [--sweep-only]
 --sweep first times block-size configs of the rope / routing / softmax / bitmask kernels at the
-prefill sizes (graph replay) and prints the best few of each next to the current default.
+prefill sizes (graph replay, warm and cold L2) and prints the best few of each next to the current
+default; --sweep-only stops after the sweeps. Every max err is measured against the op's torch
+reference in this run (sampling rows: the share of sampled tokens outside the top-k support).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from kernels_triton import (
     moe_routing,
     moe_sum,
     norm,
+    quant,
     rotary,
     sampling,
 )
@@ -45,16 +48,24 @@ def main() -> None:
     dev = "cuda"
     copy_bw = copy_bandwidth() / 1e9
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {copy_bw:.0f} GB/s")
-    if "--sweep" in sys.argv:
+    if "--sweep" in sys.argv or "--sweep-only" in sys.argv:
         try:
             sweep(copy_bw)
         except Exception:  # the table below is still worth printing
             traceback.print_exc()
+        if "--sweep-only" in sys.argv:
+            return
     print("| op | shape | max err | eager (us) | graph (us) | cold (us) | GB/s (graph) | % copy graph | % copy cold "
           "| % copy eager |\n|---|---|---|---|---|---|---|---|---|---|")
 
-    def row(op: str, shape: str, err: float, fn: Callable[[], object], nbytes: float, iters: int = 50) -> None:
-        eager = cuda_time(fn, iters)
+    def row(op: str, shape: str, err: float | Callable[[], float], fn: Callable[[], object], nbytes: float,
+            iters: int = 50) -> None:
+        try:
+            err = err() if callable(err) else err
+            eager = cuda_time(fn, iters)
+        except Exception as e:  # one broken op must not cost the rest of the table
+            print(f"| {op} | {shape} | FAILED: {type(e).__name__}: {str(e)[:120]} |", flush=True)
+            return
         try:
             graph = graph_time(fn, iters)
         except Exception as e:  # an op that cannot be captured still gets its eager row
@@ -77,8 +88,8 @@ def main() -> None:
         err = _err(sgl_kernel.rmsnorm(x, w, 1e-6, out=out), norm.rmsnorm_ref(x, w, 1e-6))
         row("rmsnorm", f"{tokens}x5120", err, lambda: sgl_kernel.rmsnorm(x, w, 1e-6, out=out), 2 * x.nbytes)
         r = torch.randn_like(x)
-        row("fused_add_rmsnorm", f"{tokens}x5120", 0.0, lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6),
-            4 * x.nbytes)
+        row("fused_add_rmsnorm", f"{tokens}x5120", lambda: _fused_add_err(x, r, w),
+            lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6), 4 * x.nbytes)
         g = torch.randn(tokens * 6, 2 * 2304, dtype=bf, device=dev)
         o = torch.empty(tokens * 6, 2304, dtype=bf, device=dev)
         err = _err(sgl_kernel.silu_and_mul(g, o), activation.act_and_mul_ref(g, "silu"))
@@ -90,7 +101,7 @@ def main() -> None:
             y.nbytes + out.nbytes)
         q = torch.empty(tokens, 5120, dtype=torch.float8_e4m3fn, device=dev)
         s = torch.empty(tokens, 40, device=dev)
-        row("per_token_group_quant_fp8", f"{tokens}x5120/128", 0.0,
+        row("per_token_group_quant_fp8", f"{tokens}x5120/128", lambda: _quant_err(x, q, s),
             lambda: sgl_kernel.sgl_per_token_group_quant_fp8(x, q, s, 128, 1e-10, -448.0, 448.0),
             x.nbytes + q.nbytes + s.nbytes)
         pos = torch.randint(0, 65536, (tokens,), device=dev)
@@ -123,10 +134,14 @@ def main() -> None:
         err = _err(fs.softmax(lg, temp), torch.softmax(lg / temp[:, None], -1))
         row("softmax(temperature)", f"{b}x129280", err, lambda: fs.softmax(lg, temp), 2 * lg.nbytes)
         mask = torch.randint(-(2**31), 2**31 - 1, (b, 4040), dtype=torch.int32, device=dev)
-        row("apply_token_bitmask", f"{b}x129280", 0.0,
+        row("apply_token_bitmask (random mask)", f"{b}x129280", lambda: _bitmask_err(lg, mask),
             lambda: sgl_kernel.apply_token_bitmask_inplace_cuda(lg, mask), lg.nbytes + mask.nbytes)
+        gmask = grammar_mask(b, 4040, dev)
+        row("apply_token_bitmask (grammar-like mask)", f"{b}x129280", lambda: _bitmask_err(lg, gmask),
+            lambda: sgl_kernel.apply_token_bitmask_inplace_cuda(lg, gmask), lg.nbytes + gmask.nbytes)
+        lg = torch.randn(b, 129280, device=dev)
         p = torch.softmax(lg, -1)
-        row("top_k_top_p_sampling (torch)", f"{b}x129280", 0.0,
+        row("top_k_top_p_sampling (torch)", f"{b}x129280", lambda: _sampling_err(p),
             lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"), p.nbytes, 10)
     for n, hd in ((4096, 80), (16384, 128)):
         q = torch.randn(n, 16, hd, dtype=bf, device=dev)
@@ -141,6 +156,50 @@ def main() -> None:
         print(f"| flash_attn_varlen (vision, non-causal) | {n}x16x{hd} | {err:.2e} | {secs * 1e6:.1f} | "
               f"{flops / secs / 1e12:.1f} TFLOP/s | - |")
         del fa_out
+
+
+def _fused_add_err(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor) -> float:
+    xa, ra, xb, rb = x.clone(), r.clone(), x.clone(), r.clone()
+    sgl_kernel.fused_add_rmsnorm(xa, ra, w, 1e-6)
+    norm.fused_add_rmsnorm_ref(xb, rb, w, 1e-6)
+    return max(_err(xa, xb), _err(ra, rb))
+
+
+def _quant_err(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> float:
+    """Max error of the dequantized output vs the reference's (fp8 values compared after scaling)."""
+    sgl_kernel.sgl_per_token_group_quant_fp8(x, q, s, 128, 1e-10, -448.0, 448.0)
+    rq, rs = quant.group_quant_ref(x, 128, 1e-10, -448.0, 448.0, torch.float8_e4m3fn)
+    deq = q.float().view(x.shape[0], -1, 128) * s[..., None]
+    rdeq = rq.float().view(x.shape[0], -1, 128) * rs[..., None]
+    return max(_err(deq, rdeq), _err(s, rs))
+
+
+def _bitmask_err(lg: torch.Tensor, mask: torch.Tensor) -> float:
+    """0 when the shim equals the reference (-inf positions equal, the rest bit-equal), else inf."""
+    a, b = lg.clone(), lg.clone()
+    sgl_kernel.apply_token_bitmask_inplace_cuda(a, mask)
+    bitmask.bitmask_ref(b, mask)
+    return 0.0 if torch.equal(a, b) else float("inf")
+
+
+def _sampling_err(p: torch.Tensor) -> float:
+    """Share of 20 x batch sampled tokens outside the top-50 support (0 expected)."""
+    keep = p >= p.topk(50, dim=-1).values[:, -1:]
+    bad = 0
+    for _ in range(20):
+        s = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint")
+        bad += int((~keep[torch.arange(p.shape[0], device=p.device), s.long()]).sum())
+    return bad / (20 * p.shape[0])
+
+
+def grammar_mask(b: int, words: int, dev: str) -> torch.Tensor:
+    """A bitmask made of whole words as a grammar's mostly are, drawn per word: 85% 0 (tokens blocked,
+    as at a structural position), 10% -1 (all allowed, as in a string body), 5% mixed (random bits)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    kind = torch.rand(b, words, generator=g)
+    rnd = torch.randint(-(2**31), 2**31 - 1, (b, words), dtype=torch.int32, generator=g)
+    m = torch.where(kind < 0.85, torch.zeros_like(rnd), torch.where(kind < 0.95, torch.full_like(rnd, -1), rnd))
+    return m.to(dev)
 
 
 _FLUSH: list[torch.Tensor] = []
@@ -158,60 +217,85 @@ def cold_time(fn: Callable[[], object], iters: int = 20) -> float:
 
 
 def _sweep_one(name: str, nbytes: float, copy_bw: float, default: tuple, configs: list[tuple],
-               run: Callable[[tuple], object]) -> None:
+               run: Callable[[tuple], object], cold_top: int = 1) -> None:
     """Graph-time run(config) for each config; print the default and the best five (GB/s, % copy), and
-    the default's cold-L2 time."""
+    the cold-L2 time of the default and of the best cold_top configs."""
     res = []
     for cfg in dict.fromkeys([default, *configs]):
         try:
             run(cfg)
+            torch.cuda.synchronize()
             res.append((graph_time(lambda: run(cfg)), cfg))
         except Exception as e:  # a config that does not compile (registers, shared memory) is skipped
             print(f"  {name} {cfg}: {type(e).__name__}: {str(e)[:80]}")
     res.sort()
-    d = next(t for t, c in res if c == default)
+    d = next((t for t, c in res if c == default), float("nan"))
     print(f"sweep {name}: default {default} {d * 1e6:.1f} us ({100 * nbytes / d / 1e9 / copy_bw:.0f}% copy); best:")
-    for t, c in res[:5]:
+    for t, c in res[:6]:
         print(f"  {c}: {t * 1e6:.1f} us, {nbytes / t / 1e9:.0f} GB/s, {100 * nbytes / t / 1e9 / copy_bw:.0f}% copy")
-    for c in dict.fromkeys([default, res[0][1]]):
-        t = cold_time(lambda: run(c))
-        print(f"  cold L2 {c}: {t * 1e6:.1f} us, {100 * nbytes / t / 1e9 / copy_bw:.0f}% copy", flush=True)
+    for c in dict.fromkeys([default, *[c for _, c in res[:cold_top]]]):
+        if any(c == cc for _, cc in res):
+            t = cold_time(lambda: run(c))
+            print(f"  cold L2 {c}: {t * 1e6:.1f} us, {100 * nbytes / t / 1e9 / copy_bw:.0f}% copy", flush=True)
 
 
 def sweep(copy_bw: float) -> None:
-    """Block-size sweeps of the four kernels of issue 3's last run, at the prefill / batch sizes."""
-    dev, bf = "cuda", torch.bfloat16
+    """Sweeps at the prefill / batch sizes: routing (chunked kernel: tokens per program, warps, chunks;
+    the previous padded kernel for comparison; top-1 and sigmoid variants to split the time into
+    scoring and selection), softmax (splits, tile, warps, L2 eviction hints; warm and cold L2) and the
+    bitmask (tile, variant, warps; random and grammar-like masks; warm and cold L2)."""
+    dev = "cuda"
     n = 8192
-    pos = torch.randint(0, 65536, (n,), device=dev)
-    cache = torch.randn(65536, 64, device=dev)
-    qr = torch.randn(n, 64 * 512, dtype=bf, device=dev)
-    kr = torch.randn(n, 512, dtype=bf, device=dev)
-    rope_cfgs = [(1, 32, 4), (2, 32, 4), (1, 64, 4), (2, 64, 4), (1, 32, 8), (4, 16, 4), (1, 16, 4)]
-    _sweep_one("rope gptj", 2 * n * 65 * 64 * 2, copy_bw, rotary.rope_config(64, 64), rope_cfgs,
-               lambda c: rotary.rope_triton(pos, qr, kr, 512, cache, False, config=c))
-    _sweep_one("rope neox", 2 * n * 65 * 64 * 2, copy_bw, rotary.rope_config(64, 64), rope_cfgs[:3],
-               lambda c: rotary.rope_triton(pos, qr, kr, 512, cache, True, config=c))
     lg = torch.randn(n, 384, device=dev)
     bias = torch.randn(384, device=dev) * 0.1
     tw = torch.empty(n, 6, device=dev)
     ti = torch.empty(n, 6, dtype=torch.int32, device=dev)
-    _sweep_one("biased_topk", lg.nbytes + tw.nbytes + ti.nbytes, copy_bw, (moe_routing.routing_block_t(n, 384), 2),
-               [(2, 2), (8, 2), (8, 4), (16, 4), (2, 1), (4, 1)],
-               lambda c: moe_routing.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c))
+    nb = lg.nbytes + tw.nbytes + ti.nbytes
+    rt_cfgs = [(1, 1, 3), (2, 1, 3), (2, 2, 3), (4, 2, 3), (4, 4, 3), (8, 2, 3), (8, 4, 3), (16, 4, 3), (16, 8, 3),
+               (32, 8, 3), (4, 2, 1), (8, 4, 1)]
+    _sweep_one("biased_topk 8192x384 top6", nb, copy_bw, (moe_routing.routing_block_t(n, 384), 2), rt_cfgs,
+               lambda c: moe_routing.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c),
+               cold_top=2)
+    try:  # the previous kernel (one padded 512-wide row, k packed-key rounds), if its copy is present
+        import _routing_v0
+
+        _sweep_one("biased_topk v0 (previous kernel)", nb, copy_bw, (4, 2), [(8, 4), (2, 2)],
+                   lambda c: _routing_v0.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c))
+    except ImportError:
+        pass
+    best = (8, 4, 3)
+    for label, k, score in (("top-1 sqrtsoftplus", 1, "sqrtsoftplus"), ("top-6 sigmoid", 6, "sigmoid"),
+                            ("top-1 sigmoid", 1, "sigmoid")):
+        t = graph_time(lambda: moe_routing.routing_triton(lg, bias, tw, ti, k, score, True, 1.5, config=best))
+        print(f"  routing split {best} {label}: {t * 1e6:.1f} us")
+    ref_out = torch.empty_like(lg)
+    t = graph_time(lambda: ref_out.copy_(lg))
+    print(f"  reference: copy of the 8192x384 fp32 logits {t * 1e6:.1f} us ({2 * lg.nbytes / t / 1e9:.0f} GB/s)",
+          flush=True)
+
     x = torch.randn(64, 129280, device=dev)
     temp = torch.rand(64, device=dev) + 0.5
     out = torch.empty_like(x)
-    sm_cfgs = [(33, 2048, 4, True), (17, 4096, 8, True), (17, 4096, 8, False), (9, 2048, 4, True),
-               (66, 1024, 4, True)]
+    sm_cfgs = [(33, 2048, 4, True), (33, 2048, 4, False), (17, 4096, 8, True), (17, 4096, 8, False),
+               (66, 1024, 4, True), (66, 1024, 4, False), (9, 2048, 4, True), (33, 1024, 2, True),
+               (66, 2048, 4, True, 2), (66, 2048, 4, False, 2), (132, 1024, 4, True, 4), (132, 1024, 4, False, 4),
+               (264, 512, 4, True, 8)]
     _sweep_one("softmax 64x129280", 2 * x.nbytes, copy_bw, sampling.softmax_config(64, 129280, x.device), sm_cfgs,
-               lambda c: sampling.softmax_triton(x, temp, out, config=c))
+               lambda c: sampling.softmax_triton(x, temp, out, config=c), cold_top=len(sm_cfgs))
     mask = torch.randint(-(2**31), 2**31 - 1, (64, 4040), dtype=torch.int32, device=dev)
-    bm_cfgs = [(256, True, 4), (128, True, 8), (64, True, 4), (256, True, 8), (128, False, 4)]
-    _sweep_one("bitmask 64x129280", x.nbytes + mask.nbytes, copy_bw, bitmask.BITMASK_CONFIG, bm_cfgs,
-               lambda c: bitmask.bitmask_triton(x, mask, None, config=c))
+    gmask = grammar_mask(64, 4040, dev)
+    bm_cfgs = [(128, 1, 4), (128, 2, 4), (128, 0, 4), (256, 1, 4), (256, 2, 4), (64, 1, 4), (64, 2, 4),
+               (128, 1, 8), (128, 2, 8), (256, 2, 8)]
+    for mname, m in (("random", mask), ("grammar-like", gmask)):
+        _sweep_one(f"bitmask 64x129280 {mname} mask", x.nbytes + m.nbytes, copy_bw, bitmask.BITMASK_CONFIG, bm_cfgs,
+                   lambda c: bitmask.bitmask_triton(x, m, None, config=c), cold_top=4)
     t_copy, t_cold = graph_time(lambda: out.copy_(x)), cold_time(lambda: out.copy_(x))
     print(f"reference: copy of the 64x129280 fp32 logits {t_copy * 1e6:.1f} us ({2 * x.nbytes / t_copy / 1e9:.0f} GB/s), "
-          f"cold L2 {t_cold * 1e6:.1f} us; bitmask counts {x.nbytes + mask.nbytes} bytes", flush=True)
+          f"cold L2 {t_cold * 1e6:.1f} us ({2 * x.nbytes / t_cold / 1e9:.0f} GB/s); bitmask counts "
+          f"{x.nbytes + mask.nbytes} bytes, softmax {2 * x.nbytes}", flush=True)
+    t_fill = graph_time(lambda: out.fill_(0.0))
+    print(f"reference: fill of the 64x129280 fp32 logits (write only) {t_fill * 1e6:.1f} us, cold "
+          f"{cold_time(lambda: out.fill_(0.0)) * 1e6:.1f} us", flush=True)
 
 
 def sgl_kernel_fa(q: torch.Tensor, cu: torch.Tensor, n: int) -> torch.Tensor:

@@ -91,10 +91,11 @@ def test_softmax_temperature(path: str) -> None:
     assert_no_nan_close(fs.softmax(x, 2.0), torch.softmax(x / 2.0, -1), 1e-3, 1e-6)
 
 
-@pytest.mark.parametrize("config", [(3, 256, 4, True), (8, 64, 1, False)])
-def test_softmax_triton_split_rows(config: tuple[int, int, int, bool]) -> None:
+@pytest.mark.parametrize("config", [(3, 256, 4, True), (8, 64, 1, False), (3, 256, 4, True, 2), (2, 512, 2, False, 3)])
+def test_softmax_triton_split_rows(config: tuple) -> None:
     """Rows split over several programs (3 splits of 1792 with a ragged last one; 8 splits of 640),
-    with and without the L2 eviction hints,
+    with and without the L2 eviction hints, all rows at once or in groups of rows (2 groups: 2 rows
+    then 1; 3 groups of 1 row),
     per-row and scalar temperature, and a row whose first split is all -inf (masked tokens, as after
     a grammar bitmask): that split's sum is 0 and must not turn into NaN."""
     x = torch.randn(3, 5000) * 4
@@ -110,10 +111,20 @@ def test_softmax_triton_split_rows(config: tuple[int, int, int, bool]) -> None:
 
 
 @pytest.mark.gpu
-def test_sampling_gpu() -> None:
+@pytest.mark.parametrize("config", [None, (33, 2048, 4, True), (17, 4096, 8, True), (66, 1024, 4, False),
+                                    (132, 1024, 4, True, 4)])
+def test_sampling_gpu(config: tuple[int, int, int, bool] | None) -> None:
+    """Softmax at 64 x 129280 through the shim (default) and the swept configs (with and without the L2
+    eviction hints, all rows at once or 4 groups of 16 rows), a quarter of the rows with their first 40000 logits -inf; top-k/top-p support."""
     x = torch.randn(64, 129280, device="cuda") * 3
+    x[::4, :40000] = float("-inf")
     t = torch.rand(64, device="cuda") + 0.5
-    assert_no_nan_close(fs.softmax(x, t), torch.softmax(x / t[:, None], -1), 1e-3, 1e-6)
+    if config is None:
+        out = fs.softmax(x, t)
+    else:
+        out = torch.full_like(x, float("nan"))
+        sampling.softmax_triton(x, t, out, config=config)
+    assert_no_nan_close(out, torch.softmax(x / t[:, None], -1), 1e-3, 1e-6)
     p = torch.softmax(x, -1)
     s = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint")
     assert _top_k_mask(p, 50)[torch.arange(64, device="cuda"), s.long()].all()
