@@ -1,0 +1,141 @@
+"""DSpark speculative decoding of the V4.1 demo on CUDA: the same greedy tokens as without it.
+
+Two servers, one after the other, each exactly as a user starts it under WINPORT_EMULATE_WINDOWS=1:
+`winport serve --demo --demo-variant v41 --speculative-algorithm DSPARK` (the draft stages bundled in
+the demo checkpoint: block 5, 3 stages) and then the same without the flag, as the judge. SGLang 0.5.23
+runs DSpark on CUDA/NPU/XPU only, so the module is GPU-only (on the CPU the flag is refused:
+tests/serve/test_dspark_serve_plan.py). Run it on the GPU machine with
+`bash scripts/gpu/serve_demo.sh tests/serve/test_dspark_live.py`.
+
+Checked: the draft was loaded (SGLang names the DSpark draft arch, no unexpected draft weight) and
+used (every request reports verify steps); 32 greedy tokens per prompt with DSpark equal those
+without it. The accept length (tokens per verify step, SGLang's spec_accept_length) is printed and
+written to $OUT/dspark_accept.json; with the demo's random draft weights it is expected near 1 (the
+draft rarely guesses the target's token), so it is reported, not asserted beyond >= 1.
+
+Equality is judged tie-aware, as in test_server_live: a verify forward (6 tokens at once) and a
+decode step are different kernels, and this random model has top-2 logit gaps under 0.05 nat every
+few steps, so a legitimate numeric difference can flip a near-tie and the two free-running
+continuations part there. So the DSpark continuation is teacher-forced through the plain server:
+every token DSpark produced must be the plain server's argmax at that position or within TIE_NATS
+of it (one step may be off by up to SPIKE_NATS: a flipped near-tied expert choice, as
+test_server_live allows), at least 3/4 of them exactly; the free-running agreement (the first
+differing step) is reported too. A control (the continuation shifted by one) must fail the same
+verdict. Dry run of this judging on the CPU (one plain V4.1 server judging its own greedy
+continuations; prefill vs decode are different kernels there too): deficits 0 except 0.016-0.141
+nat at 2-3 of 32 steps; the shifted controls 0.4-3.7 nat at most steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.serve._server import Server, start, stop, wait_ready
+from winport.demo.config import demo_config
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+CFG = demo_config("v41")
+TOKENS = 32
+TIE_NATS = 0.3  # test_server_live's per-position bound for a near-tie noise can flip
+SPIKE_NATS = 1.2  # test_server_live's allowance for one routing flip (a near-tied expert choice)
+PROMPTS = [[0, *np.random.default_rng(seed).integers(5, CFG["vocab_size"], 40).tolist()] for seed in (1, 2, 3)]
+# A repetitive prompt: where a draft has the best chance to be accepted.
+PROMPTS.append([0, *([17, 230, 401, 52] * 10)])
+
+
+def _post(srv: Server, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(srv.url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:  # noqa: S310 - loopback only
+        return json.loads(resp.read())
+
+
+def _greedy(srv: Server, ids: list[int]) -> dict[str, Any]:
+    return _post(srv, {"input_ids": ids, "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0,
+                                                             "ignore_eos": True}})
+
+
+def _deficits(srv: Server, ids: list[int], tokens: list[int]) -> list[float]:
+    """Teacher-forced through srv: per continuation token, the best log-probability there minus that
+    of the token taken (0 when it is the argmax)."""
+    r = _post(srv, {"input_ids": ids + tokens, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+                    "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1})
+    taken = r["meta_info"]["input_token_logprobs"][len(ids):]
+    best = r["meta_info"]["input_top_logprobs"][len(ids):]
+    assert len(taken) == len(tokens) == len(best)
+    out = []
+    for (lp, tid, _), top, want in zip(taken, best, tokens, strict=True):
+        assert tid == want
+        out.append(max(0.0, float(top[0][0]) - float(lp)))
+    return out
+
+
+def _verdict(deficit: list[float]) -> bool:
+    exact = sum(d == 0 for d in deficit)
+    return exact >= len(deficit) * 3 // 4 and sum(d >= TIE_NATS for d in deficit) <= 1 and max(deficit) < SPIKE_NATS
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Any]:
+    """The DSpark server's continuations and stats, then the plain server's verdicts on them."""
+    spec = start(["--demo", "--demo-variant", "v41", "--speculative-algorithm", "DSPARK", "--max-running-requests", "2"])
+    try:
+        wait_ready(spec)
+        results = [_greedy(spec, ids) for ids in PROMPTS]
+        spec_log = spec.text()
+    finally:
+        stop(spec)
+    plain = start(["--demo", "--demo-variant", "v41", "--max-running-requests", "2"])
+    try:
+        wait_ready(plain)
+        free = [_greedy(plain, ids)["output_ids"] for ids in PROMPTS]
+        deficits = [_deficits(plain, ids, r["output_ids"]) for ids, r in zip(PROMPTS, results, strict=True)]
+        controls = [_deficits(plain, ids, r["output_ids"][1:] + r["output_ids"][:1])
+                    for ids, r in zip(PROMPTS, results, strict=True)]
+    finally:
+        stop(plain)
+    return {"spec": results, "spec_log": spec_log, "free": free, "deficits": deficits, "controls": controls}
+
+
+def test_the_bundled_draft_is_loaded(runs: dict[str, Any]) -> None:
+    log = runs["spec_log"]
+    assert "DeepseekV4ForCausalLMDSpark" in log, "SGLang did not load the bundled DSpark draft"
+    assert "DSpark V4 draft: unexpected weight" not in log, re.findall(r".*unexpected weight.*", log)[:5]
+
+
+def test_speculation_runs_and_reports_the_accept_length(runs: dict[str, Any]) -> None:
+    report = []
+    for ids, r in zip(PROMPTS, runs["spec"], strict=True):
+        meta = r["meta_info"]
+        assert len(r["output_ids"]) == TOKENS
+        assert meta.get("spec_verify_ct", 0) > 0, f"no DSpark verify step reported: {sorted(meta)}"
+        accept = TOKENS / meta["spec_verify_ct"]
+        assert accept >= 1.0 and abs(accept - meta["spec_accept_length"]) < 1e-6
+        report.append({"prompt_len": len(ids), "verify_steps": meta["spec_verify_ct"], "accept_length": accept,
+                       "accept_rate": meta.get("spec_accept_rate")})
+        print(f"DSpark prompt of {len(ids)} tokens: {meta['spec_verify_ct']} verify steps for {TOKENS} tokens, "
+              f"accept length {accept:.2f}, accept rate {meta.get('spec_accept_rate')}")
+    out = Path(os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dspark_accept.json").write_text(json.dumps(report, indent=1) + "\n")
+
+
+def test_greedy_tokens_equal_without_speculation(runs: dict[str, Any]) -> None:
+    for ids, r, free, deficit, control in zip(PROMPTS, runs["spec"], runs["free"], runs["deficits"],
+                                              runs["controls"], strict=True):
+        tokens = r["output_ids"]
+        first = next((i for i, (a, b) in enumerate(zip(tokens, free, strict=True)) if a != b), TOKENS)
+        exact = sum(d == 0 for d in deficit)
+        print(f"prompt of {len(ids)}: free-running equal for {first}/{TOKENS} tokens; teacher-forced argmax at "
+              f"{exact}/{TOKENS}, worst deficit {max(deficit):.3f} nat")
+        assert _verdict(deficit), deficit
+        assert not _verdict(control), control
