@@ -1,4 +1,4 @@
-"""FP8 (e4m3) block-scaled GEMM: prefill GEMM and the decode GEMV / split-K path (M <= 16).
+"""FP8 (e4m3) block-scaled GEMM: prefill GEMM and the decode GEMV / split-K paths (M <= 16).
 
 Replaces, for the port: DeepGEMM's `fp8_gemm_nt` (through shims/deep_gemm/gemm.py) and is the kernel
 behind sgl_kernel's fp8 blockwise GEMM entry points (the sgl_kernel shim calls `fp8_block_gemm`).
@@ -26,9 +26,11 @@ c=None) -> Tensor`
     bytes, lowest byte = lowest K group) -> float32 powers of two [..., num_groups].
 
 Kernel notes (why it looks like this)
-- Decode (M <= 16) is bound by reading the weight once: a 16-row tile, split-K over many CTAs, and a
-  "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is launched;
-  the counters reset themselves, which keeps the path CUDA-graph safe.
+- Decode is bound by reading the weight once. M <= GEMV_MAX_M (8): tensor-core-free GEMV kernels
+  (`_fp8_gemv_kernel` for M = 1, `_fp8_gemv_multi_kernel` for 2..8 rows; see their docstrings).
+  M 9..16 and batched operands: the tl.dot kernel with a 16-row tile. Both can split K over CTAs
+  with a "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is
+  launched; the counters reset themselves, which keeps the path CUDA-graph safe.
 - Two inner-loop modes: FP8 dot (tile K == scale group, per-group rescale of the fp32 partial) and
   DEQUANT (tile K spans several groups: both tiles are scaled in fp32, rounded to bf16 and multiplied
   on bf16 tensor cores). DEQUANT is also the path for GPUs without FP8 MMA (< SM89).
@@ -354,6 +356,76 @@ if _HAVE_TRITON:
                 tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
+    @triton.jit
+    def _fp8_gemv_multi_kernel(
+        a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
+        M, N, K, iters_per_split, split_k,
+        s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_cm, s_cn, s_dm, s_dn,
+        GN: tl.constexpr, GK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
+    ):
+        """`_fp8_gemv_kernel` for 2 <= M <= BLOCK_M activation rows (decode batches, speculative
+        verify blocks): each weight tile is loaded once and multiplied with every row of x.
+
+        Same scheme as the M = 1 kernel, one dimension up: the product is [BLOCK_M, BLOCK_N,
+        BLOCK_K], summed in-thread over VEC-wide chunks to a [BLOCK_M, BLOCK_N, BLOCK_K / VEC]
+        accumulator; the activation scale is per (row, K group), the weight scale per K group.
+        """
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_m = tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        chunk = tl.arange(0, BLOCK_K // VEC) * VEC
+        srow = (pid_n * BLOCK_N) // GN
+        k_iters = tl.cdiv(K, BLOCK_K)
+        it0 = pid_k * iters_per_split
+        it1 = tl.minimum(it0 + iters_per_split, k_iters)
+        w_rows = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
+        # x rows broadcast over the tile's N rows: [BLOCK_M, BLOCK_N, BLOCK_K] in the product's layout
+        x_rows = a_ptr + offs_m[:, None, None] * s_am + offs_n[None, :, None] * 0
+        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        for it in range(it0, it1):
+            kk = it * BLOCK_K + offs_k
+            k_mask = kk < K
+            w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, None, :] * s_ak, mask=m_mask[:, None, None] & k_mask[None, None, :],
+                        other=0.0)
+            prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)
+            part = tl.sum(tl.reshape(prod, (BLOCK_M, BLOCK_N, BLOCK_K // VEC, VEC)), axis=3)
+            kc = it * BLOCK_K + chunk
+            c_mask = kc < K
+            g = kc // GK
+            sa = tl.load(as_ptr + offs_m[:, None] * s_asm + g[None, :] * s_ask,
+                         mask=m_mask[:, None] & c_mask[None, :], other=0.0)
+            sb = tl.load(bs_ptr + srow * s_bsn + g * s_bsk, mask=c_mask, other=0.0)
+            acc += part * (sa * sb[None, :])[:, None, :]
+        res = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
+        out_mask = m_mask[:, None] & n_mask[None, :]
+        d_ptrs = d_ptr + offs_m[:, None] * s_dm + offs_n[None, :] * s_dn
+        if not USE_SPLIT:
+            if HAS_C:
+                res += tl.load(c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn, mask=out_mask,
+                               other=0.0).to(tl.float32)
+            tl.store(d_ptrs, res.to(d_ptr.dtype.element_ty), mask=out_mask)
+        else:
+            ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(ws_tile + pid_k * M * N, res, mask=out_mask)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+            if arrived == split_k - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for sp in range(split_k):
+                    total += tl.load(ws_tile + sp * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if HAS_C:
+                    total += tl.load(c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn, mask=out_mask,
+                                     other=0.0).to(tl.float32)
+                tl.store(d_ptrs, total.to(d_ptr.dtype.element_ty), mask=out_mask)
+                tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """One launch configuration (block sizes in elements)."""
@@ -429,26 +501,35 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
     return GemmConfig(block_m, 128, max(64, bk), 1, 8 if block_m == 128 else 4, 3, True)
 
 
-def default_gemv_config(n: int, k: int, bn: int, device: torch.device) -> GemvConfig | None:
-    """Config of the M = 1 GEMV kernel, or None where it does not apply (scale rows narrower than 8).
+GEMV_MAX_M = 8  # activation rows up to which the tensor-core-free GEMV kernels replace the tl.dot path
 
-    From the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework", 2026-11-29), best
-    or within 0.2 us of the best on all 7 V4.1-Flash shapes: 8-row N tiles; K >= 4608 -> 2048-wide
-    K steps with 4 warps, else 512-wide with 8 warps; no split-K (the arrival-counter epilogue cost
-    more than it gained on every shape). Split-K only where the N tiles alone leave SMs idle (fewer
-    tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
+
+def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 1) -> GemvConfig | None:
+    """Config of the GEMV kernels (M <= GEMV_MAX_M), or None where they do not apply (scale rows
+    narrower than 8, or M too large).
+
+    M = 1, from the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework",
+    2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes: 8-row N tiles;
+    K >= 4608 -> 2048-wide K steps with 4 warps, else 512-wide with 8 warps; no split-K (the
+    arrival-counter epilogue cost more than it gained on every shape). M = 2..8: 8 warps and a K
+    step that keeps the [M, 8, BLOCK_K] product at 64 values per thread (2048 / M wide, <= 1024).
+    Split-K only where the N tiles alone leave SMs idle (fewer tiles than SMs; counted in SMs, so
+    SM120 parts get proportionate grids).
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
         return GemvConfig(*(int(x) for x in env.split(",")))
-    if bn < 8 or bn % 8:
+    if bn < 8 or bn % 8 or m > GEMV_MAX_M:
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
     block_n = 8
-    if k >= 4608:
+    if m > 1:
+        block_k, warps = min(1024, 2048 // triton.next_power_of_2(m)), 8
+    elif k >= 4608:
         block_k, warps = 2048, 4
     else:
-        block_k, warps = min(512, max(64, triton.next_power_of_2(k))), 8
+        block_k, warps = 512, 8
+    block_k = min(block_k, max(64, triton.next_power_of_2(k)))
     tiles = -(-n // block_n)
     k_iters = -(-k // block_k)
     split = 1 if tiles >= sms else max(1, min(k_iters, -(-2 * sms // tiles)))
@@ -457,10 +538,14 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device) -> GemvCo
 
 def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                      bn: int, bk: int, out: torch.Tensor, c: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
-    """Launch `_fp8_gemv_kernel` for a [1, K] activation (2-D operands only)."""
+    """Launch the GEMV kernel for a [M, K] activation, 1 <= M <= GEMV_MAX_M (2-D operands only):
+    `_fp8_gemv_kernel` for M = 1, `_fp8_gemv_multi_kernel` (rows padded to a power of two) above."""
+    m = a.shape[0]
     n, k = b.shape
     if bn % cfg.block_n:
         raise ValueError(f"GEMV block_n {cfg.block_n} must divide the weight scale block {bn}")
+    if not 1 <= m <= GEMV_MAX_M:
+        raise ValueError(f"the GEMV kernels take 1..{GEMV_MAX_M} activation rows, got {m}")
     # In-thread partial sums over VEC-wide chunks (a 16-byte fp8 vector) that never straddle a
     # K scale group: VEC = the largest power of two dividing both 16 and the group size.
     vec = math.gcd(16, bk, cfg.block_k)
@@ -471,14 +556,26 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
         split = 1
     per = -(-k_iters // split)
     split = -(-k_iters // per)  # no empty splits
-    ws = torch.empty(split * n if split > 1 else 1, dtype=torch.float32, device=a.device)
+    ws = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=a.device)
     cnt = _counters(a.device) if split > 1 else ws
-    _fp8_gemv_kernel[(tiles, split)](
-        a, b, a_scale, b_scale, c if c is not None else out, out, ws, cnt,
-        n, k, per, split,
-        a.stride(1), b.stride(0), b.stride(1), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-        c.stride(1) if c is not None else 0, out.stride(1),
-        GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
+    c_arg = c if c is not None else out
+    if m == 1:
+        _fp8_gemv_kernel[(tiles, split)](
+            a, b, a_scale, b_scale, c_arg, out, ws, cnt,
+            n, k, per, split,
+            a.stride(1), b.stride(0), b.stride(1), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+            c.stride(1) if c is not None else 0, out.stride(1),
+            GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
+            USE_SPLIT=split > 1, HAS_C=c is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
+    _fp8_gemv_multi_kernel[(tiles, split)](
+        a, b, a_scale, b_scale, c_arg, out, ws, cnt,
+        m, n, k, per, split,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), a_scale.stride(0), a_scale.stride(1),
+        b_scale.stride(0), b_scale.stride(1), c.stride(0) if c is not None else 0,
+        c.stride(1) if c is not None else 0, out.stride(0), out.stride(1),
+        GN=bn, GK=bk, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
         USE_SPLIT=split > 1, HAS_C=c is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -580,8 +677,9 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
     """Block-scaled FP8 GEMM `out = dequant(a) @ dequant(b)^T (+ c)`; layouts in the module docstring.
 
     Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
-    `out`, when given, is written in place (any strides) and returned. M = 1 with 2-D operands uses
-    the tensor-core-free GEMV kernel (`GemvConfig`) when the weight scale block is >= 8 rows.
+    `out`, when given, is written in place (any strides) and returned. M <= GEMV_MAX_M with 2-D
+    operands uses the tensor-core-free GEMV kernels (`GemvConfig`) when the weight scale block is
+    >= 8 rows (a multiple of 8).
     """
     bs = (int(block_size[0]), int(block_size[1]))
     m, n, _, _, _ = _check(a_fp8, a_scale, b_fp8, b_scale, bs)
@@ -596,12 +694,12 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
     if (config is None and a_fp8.dim() == 2 and m >= DEQUANT_MATMUL_MIN_M and bs[1] < 64
             and out_dtype == torch.bfloat16 and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
         return _dequant_matmul(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c)
-    if isinstance(config, GemvConfig) or (config is None and m == 1 and a_fp8.dim() == 2
+    if isinstance(config, GemvConfig) or (config is None and m <= GEMV_MAX_M and a_fp8.dim() == 2
                                            and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
         gcfg = config if isinstance(config, GemvConfig) else default_gemv_config(n, b_fp8.shape[-1], bs[0],
-                                                                                 a_fp8.device)
+                                                                                 a_fp8.device, m)
         if gcfg is not None:
-            if m != 1 or a_fp8.dim() != 2:
-                raise ValueError("GemvConfig applies to a 2-D [1, K] activation only")
+            if m > GEMV_MAX_M or a_fp8.dim() != 2:
+                raise ValueError(f"GemvConfig applies to a 2-D [M <= {GEMV_MAX_M}, K] activation only")
             return _fp8_gemv_triton(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c, gcfg)
     return _fp8_block_gemm_triton(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c, config)

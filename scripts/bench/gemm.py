@@ -26,10 +26,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from kernels_triton.fp8_gemm import (  # noqa: E402
     GemmConfig,
     GemvConfig,
+    default_config,
     default_gemv_config,
     fp8_block_gemm,
 )
 
+SMALL_M = (2, 4, 8, 16)  # decode batches / speculative verify blocks timed with the defaults
 SHAPES = [(25600, 6144), (16384, 1280), (5120, 4096), (4096, 1280), (5120, 1152), (2304, 5120), (1792, 5120)]
 LAYERS = 40
 FP8 = torch.float8_e4m3fn
@@ -126,6 +128,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
     ap.add_argument("--no-prefill", action="store_true", help="skip the M=2048 part")
     ap.add_argument("--prefill-sweep", action="store_true", help="try the M=2048 GEMM configs too")
+    ap.add_argument("--sweep-m", action="store_true", help="sweep the multi-row GEMV (M = 2, 4, 8) K step / warps")
     ap.add_argument("--baseline", action="store_true",
                     help="also time scripts/bench/_fp8_gemm_before.py's GEMV (the previous kernel), if present")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
@@ -163,6 +166,8 @@ def main() -> None:
     total_bytes = 0
     best_total = 0.0
     before_total = 0.0
+    small_sum: dict = {}
+    dot_sum: dict = {}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for n, k in SHAPES:
         copies = max(2, int(3 * 60e6 // (n * k)) + 1)  # > 3x the 60 MB L2 per rotation
@@ -204,16 +209,37 @@ def main() -> None:
         xb = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         bf_ms = graph_bench([lambda w=w: torch.matmul(xb, w.t()) for w in bfs * 2])  # noqa: B023
         del bfs
-        small = {m: gemv_time(wts, m, None) for m in (2, 4, 16)}
+        small = {m: gemv_time(wts, m, None) for m in SMALL_M}
+        # the tl.dot split-K path at the same M (what M = 2..8 ran before the multi-row GEMV)
+        dot_path = {m: gemv_time(wts, m, default_config(m, n, k, 32, 32, torch.device("cuda"))) for m in (2, 4, 8)}
+        for m_ in SMALL_M:
+            small_sum[m_] = small_sum.get(m_, 0.0) + small[m_]
+        for m_ in dot_path:
+            dot_sum[m_] = dot_sum.get(m_, 0.0) + dot_path[m_]
+        if args.sweep_m:
+            for m_ in (2, 4, 8):
+                tops = []
+                for bk_ in (256, 512, 1024):
+                    for w in (4, 8):
+                        cfg = GemvConfig(8, bk_, 1, w, 1)
+                        try:
+                            tops.append((gemv_time(wts, m_, cfg, repeat=1), f"8,{bk_},1,{w},1"))
+                        except Exception as e:  # noqa: BLE001
+                            print(f"  M={m_} cfg {cfg} failed: {type(e).__name__}: {str(e)[:80]}")
+                tops.sort()
+                print(f"  M={m_} {n}x{k}: default {small[m_] * 1e3:.1f} us; sweep top 3: "
+                      + "; ".join(f"{c} {t * 1e3:.1f}" for t, c in tops[:3]))
         rows.append({"n": n, "k": k, "ms": ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
                      "scaled_mm_ms_M16": smm, "bf16_matmul_ms_M1": bf_ms,
                      "best_sweep": best if args.sweep else None, "before_ms": before_ms,
-                     **{f"ms_M{m}": t for m, t in small.items()}})
+                     **{f"ms_M{m}": t for m, t in small.items()},
+                     **{f"dot_path_ms_M{m}": t for m, t in dot_path.items()}})
         total_ms += ms
         total_bytes += wts.nbytes()
         print(f"GEMV M=1 {n:>6}x{k:<5}: {ms * 1e3:7.1f} us {gbps:6.0f} GB/s ({100 * gbps / copy_bw:4.1f}% of copy)"
               f" | before: {'n/a' if before_ms is None else f'{before_ms * 1e3:.1f} us'}"
-              f" | M=2/4/16: {small[2] * 1e3:.1f}/{small[4] * 1e3:.1f}/{small[16] * 1e3:.1f} us"
+              f" | M=2/4/8/16: {'/'.join(f'{small[m_] * 1e3:.1f}' for m_ in SMALL_M)} us"
+              f" (tl.dot path M=2/4/8: {'/'.join(f'{dot_path[m_] * 1e3:.1f}' for m_ in (2, 4, 8))})"
               f" | _scaled_mm(M=16, per-tensor): {'n/a' if smm is None else f'{smm * 1e3:.1f} us'}"
               f" | bf16 matmul M=1: {bf_ms * 1e3:.1f} us")
         del wts
@@ -227,6 +253,9 @@ def main() -> None:
     if before is not None:
         print(f"before (previous GEMV kernel, its defaults): {before_total * 1e3:.1f} us per layer "
               f"({100 * total_bytes / before_total / 1e6 / copy_bw:.1f}% of copy)")
+    for m_ in SMALL_M:
+        extra = f" (tl.dot path {dot_sum[m_] * 1e3:.1f} us)" if m_ in dot_sum else ""
+        print(f"per layer at M={m_}: {small_sum[m_] * 1e3:.1f} us{extra}; 40 layers {small_sum[m_] * LAYERS:.2f} ms")
     res["gemv"] = rows
     res["per_layer_ms"] = total_ms
     res["per_token_40_layers_ms"] = total_ms * LAYERS

@@ -143,6 +143,12 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_ragged_k_split_32", 1, 40, 1060, 32, 32, GemvConfig(8, 256, 2, 4, 1)),
     ("gemv_vec8", 1, 24, 200, 8, 8, GemvConfig(8, 64, 1, 4, 1)),
     ("gemv_default_few_tiles_32", 1, 16, 2000, 32, 32, None),
+    # 2..8 activation rows (_fp8_gemv_multi_kernel): exact power of two, padded rows (3 -> 4,
+    # 5 -> 8) with split-K, 128-wide groups, and the default config
+    ("gemv_m2_32", 2, 72, 1248, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
+    ("gemv_m3_split_32", 3, 40, 1060, 32, 32, GemvConfig(8, 128, 3, 4, 1)),
+    ("gemv_m5_split_128", 5, 80, 640, 128, 128, GemvConfig(16, 128, 2, 4, 1)),
+    ("gemv_default_m8_32", 8, 64, 544, 32, 32, None),
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -163,6 +169,12 @@ out = torch.full((1, 48), float("nan"), dtype=torch.float32)
 fp8_block_gemm(a, sa.t().contiguous().t(), b, sb, (32, 32), torch.float32, out=out, c=c,
                config=GemvConfig(16, 64, 2, 4, 1))
 res["gemv_accum_colmajor"] = [out.double().tolist(), (oracle(a, sa, b, sb, 32, 32) + c.double()).tolist()]
+a, sa, b, sb = make_inputs(3, 48, 320, 32, 32, seed=11)
+c = torch.randn(3, 48)
+out = torch.full((3, 48), float("nan"), dtype=torch.float32)
+fp8_block_gemm(a, sa.t().contiguous().t(), b, sb, (32, 32), torch.float32, out=out, c=c,
+               config=GemvConfig(8, 64, 2, 4, 1))
+res["gemv_m3_accum_colmajor"] = [out.double().tolist(), (oracle(a, sa, b, sb, 32, 32) + c.double()).tolist()]
 # bf16 dequant of the prefill path: per-group scale broadcast (pow-2 group) and per-element
 # gather (other groups) must both equal fp32 dequant rounded to bf16 exactly
 from kernels_triton.fp8_gemm import dequant_bf16
@@ -198,7 +210,8 @@ def interp_results() -> dict:
                                   "fp8dot_32_prefill", "default_cfg_32", "dequant_matmul_32",
                                   "accum_colmajor", "einsum", "gemv_32", "gemv_split_32", "gemv_split_128",
                                   "gemv_default_32", "gemv_accum_colmajor", "gemv_ragged_k_split_32",
-                                  "gemv_vec8", "gemv_default_few_tiles_32"])
+                                  "gemv_vec8", "gemv_default_few_tiles_32", "gemv_m2_32", "gemv_m3_split_32",
+                                  "gemv_m5_split_128", "gemv_default_m8_32", "gemv_m3_accum_colmajor"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
     assert_gemm_close(out, ref)
@@ -212,7 +225,7 @@ def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
 # --------------------------------------------------------------------------- GPU: V4.1-Flash sizes
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", V41_SHAPES)
-@pytest.mark.parametrize("m", [1, 2, 4, 16])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 16])
 def test_gpu_gemv_v41(m: int, n: int, k: int) -> None:
     a, sa, b, sb = make_inputs(m, n, k, 32, 32, seed=n + m, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -225,14 +238,17 @@ def test_gpu_gemv_v41(m: int, n: int, k: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", [(5120, 1152), (2304, 5120)])
-def test_gpu_gemv_configs(n: int, k: int) -> None:
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
     """Every GEMV variant the benchmark sweeps (tile, warps, split) is right at real sizes."""
     from kernels_triton.fp8_gemm import GemvConfig
 
-    a, sa, b, sb = make_inputs(1, n, k, 32, 32, seed=n + k, device="cuda")
+    a, sa, b, sb = make_inputs(m, n, k, 32, 32, seed=n + k + m, device="cuda")
     ref = oracle(a, sa, b, sb, 32, 32)
-    out = torch.empty((1, n), dtype=torch.bfloat16, device="cuda")
-    for bn_, bk_ in ((8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)):
+    out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    tiles = ((8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)) if m == 1 else \
+        ((8, 256), (8, 512), (8, 1024))
+    for bn_, bk_ in tiles:
         for w in (4, 8):
             for split in (1, 3):
                 out.fill_(float("nan"))
