@@ -22,6 +22,7 @@ PATCHES: tuple[str, ...] = (
     "chat_template_without_recipe",
     "cpu_fp8_block_linear",
     "cpu_mxfp4_moe",
+    "cuda_fp4_dequant_block_shape",
     "cpu_tp_dsv4_single_kv_head",
     "cpu_tp_embedding_eager",
     "cpu_tp_thread_binding",
