@@ -14,7 +14,7 @@ GEMM_ARGS=${GEMM_ARGS-"--sweep --no-prefill"}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
 if [ -n "$TESTS" ]; then
   # shellcheck disable=SC2086  # the file list is meant to split
-  timeout 200 python3 -m pytest -m gpu $TESTS -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/tests.txt"
+  timeout 260 python3 -m pytest -m gpu $TESTS -q -p no:cacheprovider 2>&1 | tail -15 | tee "$out/tests.txt"
 fi
 if [ -n "$ATTN_ARGS" ]; then
   # shellcheck disable=SC2086
@@ -22,5 +22,5 @@ if [ -n "$ATTN_ARGS" ]; then
 fi
 if [ -n "$GEMM_ARGS" ]; then
   # shellcheck disable=SC2086
-  timeout 200 python3 scripts/bench/gemm.py $GEMM_ARGS --json "$out/gemm.json" 2>&1 | tee "$out/gemm.txt"
+  timeout 240 python3 scripts/bench/gemm.py $GEMM_ARGS --json "$out/gemm.json" 2>&1 | tee "$out/gemm.txt"
 fi
