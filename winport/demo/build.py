@@ -12,8 +12,8 @@ from winport.demo.weights import demo_state_dict
 
 STAMP = "winport-demo.json"
 # Bump when the generator changes what it writes (2: FP8 dense + MXFP4 experts; 3: V4.1 in FP8
-# [32, 32] + MXFP4 too).
-FORMAT_VERSION = 3
+# [32, 32] + MXFP4 too, with DSpark stages; 4: one safetensors metadata key, byte-identical builds).
+FORMAT_VERSION = 4
 
 
 def default_quantized(variant: str) -> bool:
@@ -92,7 +92,10 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
         tensors = quantize.quantize_state_dict(tensors, block)
     elif default_quantized(variant):
         tensors = quantize.quantized_values(tensors, block)
-    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "winport": f"demo-{variant}"})
+    # One metadata key only: safetensors writes the metadata map in hash order, which changes from
+    # run to run with two keys or more (seen: the same build gave {"format", "winport"} in either
+    # order), and the file must be the same bytes every time. The variant is in the stamp file.
+    save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     files = sorted(p.name for p in tmp.iterdir() if p.name != STAMP)
     stamp = {"format": FORMAT_VERSION, "variant": variant, "seed": seed, "quantized": quantized, "files": files,
              "sha256": _digest(tmp, files)}
