@@ -13,7 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("winport.doctor", "main", "report what this machine has for the port"),
     "serve": ("winport.serve.command", "main", "run the OpenAI-compatible server (--demo for the tiny model)"),
     "demo-model": ("winport.demo.command", "main", "write the tiny DeepSeek-V4 demo checkpoint"),
-    "gguf": ("winport.gguf.cli", "main", "inspect GGUF files: info FILE | dump FILE TENSOR --npy OUT"),
+    "gguf": ("winport.gguf.cli", "main", "GGUF files: info FILE | dump FILE TENSOR --npy OUT | export CHECKPOINT OUT.gguf"),
     "lock": ("winport.install.lock", "main", "write requirements/windows.in and resolve windows.lock with uv"),
 }
 
