@@ -167,6 +167,20 @@ PARITY_TEXT = (
 )
 
 
+def _reference(folder):  # type: ignore[no-untyped-def]
+    """The transformers reference for the server under test. `winport serve` runs on CUDA whenever
+    torch sees a GPU, and there SGLang multiplies FP8-rounded activations (W8A8 block FP8 linears
+    and Triton fused MoE), so the reference rounds the same activations: without that the GPU run
+    differs by a median 0.15 nat (measured on the H200, and reproduced on CPU by comparing the
+    reference with and without the activation rounding: median 0.148), which is the quantization's
+    own effect and would hide any kernel error of that size."""
+    import torch
+
+    from winport.demo.reference import load_reference
+
+    return load_reference(folder, fp8_activations=torch.cuda.is_available())
+
+
 def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
     """SGLang's prompt log-probabilities against transformers' eager DeepSeek-V4 (+ FP8 KV).
 
@@ -185,7 +199,7 @@ def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
 
     from transformers import AutoTokenizer
 
-    from winport.demo.reference import load_reference, prompt_logprobs
+    from winport.demo.reference import prompt_logprobs
 
     folder = REPO_ROOT / ".cache" / "winport-test" / "demo-v4"
     ids = [0, *AutoTokenizer.from_pretrained(str(folder)).encode(PARITY_TEXT)]
@@ -195,7 +209,7 @@ def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
         "return_logprob": True, "logprob_start_len": 0}).encode())
     assert status == 200, text
     served = [lp for lp, _tok, _ in json.loads(text)["meta_info"]["input_token_logprobs"][1:]]
-    reference = prompt_logprobs(load_reference(folder), ids)
+    reference = prompt_logprobs(_reference(folder), ids)
     assert len(served) == len(reference)
     diffs = [abs(a - b) for a, b in zip(served, reference, strict=True)]
     assert all(d == d for d in diffs), "NaN in the served log-probabilities"
@@ -262,11 +276,9 @@ def test_greedy_tokens_agree_with_transformers(server: Server) -> None:
     """
     from transformers import AutoTokenizer
 
-    from winport.demo.reference import load_reference
-
     folder = REPO_ROOT / ".cache" / "winport-test" / "demo-v4"
     tok = AutoTokenizer.from_pretrained(str(folder))
-    reference = load_reference(folder)
+    reference = _reference(folder)
     for text in GREEDY_PROMPTS:
         ids = [0, *tok.encode(text)]
         status, body = _post(server, "/generate", json.dumps({"input_ids": ids, "sampling_params": {

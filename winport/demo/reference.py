@@ -40,6 +40,41 @@ def add_fp8_kv(model: torch.nn.Module) -> int:
     return n
 
 
+def fp8_activation_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """SGLang's W8A8 activation quantization on CUDA as a round trip: per token, groups of 128 along
+    the last dim, e4m3 with an fp32 scale amax/448 (sgl_per_token_group_quant_8bit's semantics)."""
+    shape = x.shape
+    g = x.float().reshape(*shape[:-1], shape[-1] // 128, 128)
+    scale = g.abs().amax(-1, keepdim=True).clamp_min(1e-10) / 448.0
+    return ((g / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale).reshape(shape).to(x.dtype)
+
+
+# transformers' names of the linears whose checkpoint weights are FP8 blocks and that SGLang runs as
+# W8A8 on CUDA. Left out: o_a_proj (wo_a), which SGLang dequantizes to bf16 at load.
+_W8A8_LINEARS = ("self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj", "self_attn.o_b_proj",
+                 "self_attn.compressor.indexer.q_b_proj", "mlp.shared_experts.gate_proj",
+                 "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj")
+
+
+def add_fp8_activations(model: torch.nn.Module) -> int:
+    """Round the inputs of every W8A8 linear and of the routed experts (gate_up and down) through FP8,
+    as SGLang's block-FP8 linears and Triton fused MoE do on CUDA; returns how many modules were hooked.
+
+    On CPU SGLang multiplies bf16 activations (W8A16), so the CPU comparison does not use this.
+    """
+    hooked = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name.endswith(_W8A8_LINEARS):
+            mod.register_forward_pre_hook(lambda _m, args: (fp8_activation_round_trip(args[0]), *args[1:]))
+            hooked += 1
+        elif name.endswith("mlp.experts") and hasattr(mod, "_apply_gate"):
+            mod.register_forward_pre_hook(lambda _m, args: (fp8_activation_round_trip(args[0]), *args[1:]))
+            gate = mod._apply_gate  # its output is exactly the down projection's input
+            mod._apply_gate = lambda gate_up, _gate=gate: fp8_activation_round_trip(_gate(gate_up))
+            hooked += 1
+    return hooked
+
+
 def dequantized_copy(folder: Path, out: Path) -> Path:
     """A plain copy of a quantized demo folder: config without quantization_config, bf16 weights.
 
@@ -68,10 +103,11 @@ def dequantized_copy(folder: Path, out: Path) -> Path:
     return out
 
 
-def load_reference(folder: Path, *, fp8_kv: bool = True) -> torch.nn.Module:
+def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool = False) -> torch.nn.Module:
     """transformers' DeepseekV4ForCausalLM for the demo folder, fp32, eval mode, FP8 KV if asked.
 
     A quantized folder (FP8 dense + MXFP4 experts) is loaded through its dequantized copy.
+    `fp8_activations` adds SGLang's CUDA activation quantization (:func:`add_fp8_activations`).
     """
     import json
     import tempfile
@@ -87,6 +123,8 @@ def load_reference(folder: Path, *, fp8_kv: bool = True) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     if fp8_kv and add_fp8_kv(model) == 0:
         raise RuntimeError("found no KV norm to hook: transformers' DeepSeek-V4 module names changed")
+    if fp8_activations and add_fp8_activations(model) == 0:
+        raise RuntimeError("found no W8A8 linear to hook: transformers' DeepSeek-V4 module names changed")
     return model
 
 

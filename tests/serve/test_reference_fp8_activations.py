@@ -1,0 +1,50 @@
+"""winport.demo.reference's FP8 activation rounding (the GPU live tests' reference, see
+tests/serve/test_server_live._reference): the same values as the sgl_kernel shim's per-token-group
+quantization, hooked on exactly the modules SGLang runs as W8A8 on CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from winport.demo.reference import add_fp8_activations, fp8_activation_round_trip
+from winport.patches import cuda_jit_quant
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_round_trip_equals_the_shims_group_quantization(tokens: int) -> None:
+    torch.manual_seed(tokens)
+    x = (torch.randn(tokens, 384) * torch.logspace(-2, 2, 384)).to(torch.bfloat16)
+    q = torch.full((tokens, 384), float("nan")).to(torch.float8_e4m3fn)
+    s = torch.full((tokens, 3), float("nan"))
+    cuda_jit_quant.per_token_group_quant(x, q, s, 128)
+    shim = (q.float().view(tokens, 3, 128) * s[..., None]).view(tokens, 384)
+    ours = fp8_activation_round_trip(x).float()
+    assert not ours.isnan().any()
+    torch.testing.assert_close(ours, shim.to(torch.bfloat16).float(), rtol=2**-7, atol=0)
+    assert (ours != x.float()).any()  # it does round
+
+
+def test_hooks_the_w8a8_modules_of_the_demo_model() -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from winport.demo.config import demo_config
+
+    cfg = demo_config()
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    ids = torch.randint(0, config.vocab_size, (1, 12))
+    with torch.no_grad():
+        plain = model(ids, use_cache=False).logits
+        hooked = add_fp8_activations(model)
+        rounded = model(ids, use_cache=False).logits
+    layers = config.num_hidden_layers
+    indexers = sum(1 for n, _ in model.named_modules() if n.endswith("compressor.indexer.q_b_proj"))
+    # 4 attention + 3 shared-expert linears per layer, the indexers' q_b, one experts module per layer.
+    assert hooked == layers * (4 + 3 + 1) + indexers
+    assert torch.isfinite(rounded).all()
+    diff = (rounded - plain).abs().max()
+    assert 0 < diff < 0.5 * plain.abs().max()
