@@ -6,6 +6,7 @@ No server is started (tests/serve/test_dspark_live.py serves it on a GPU).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,43 @@ def test_bundle_keys_are_the_ones_sglang_looks_for() -> None:
     parsed = parse_dspark_draft_config(draft_hf_config=v41)
     assert (parsed.gamma, parsed.markov_rank, parsed.mask_token_id) == (5, 32, v41["pad_token_id"])
     assert parsed.target_layer_ids == [3, 4, 5]
+
+
+RESOLVE = """
+import argparse, json, os, sys
+from pathlib import Path
+import winport.demo.build as build
+from winport.serve import command
+command._cuda_available = lambda: True
+build.ensure_demo = lambda variant: Path(sys.argv[1])
+plan = command.build_plan(["--demo", "--demo-variant", "v41", "--speculative-algorithm", "DSPARK"])
+os.environ.update(plan.env)
+from sglang.srt.arg_groups.overrides import resolved_view
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+args = ServerArgs.from_cli_args(parser.parse_args(plan.argv))
+args.resolve_once()
+v = resolved_view(args)
+print("RESOLVED " + json.dumps([v.speculative_algorithm, v.speculative_draft_model_path,
+                                v.speculative_num_draft_tokens, v.speculative_num_steps, v.speculative_eagle_topk]))
+"""
+
+
+def test_sglang_resolves_the_cuda_dspark_plan(tmp_path: Path) -> None:
+    """SGLang's own server-argument resolution (no GPU needed) accepts the CUDA plan for the V4.1 demo:
+    the draft path is the checkpoint, one step, top-1, and 6 draft tokens = the config's block 5 + 1
+    (SGLang's default block would give 8)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO_ROOT
+
+    folder = _folder(tmp_path, "v41")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WINPORT_", "SGLANG_"))}
+    env.update({"WINPORT_PLATFORM": "on", "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run([sys.executable, "-c", RESOLVE, str(folder)], capture_output=True, text=True, env=env,
+                          cwd=REPO_ROOT, timeout=300)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESOLVED ")), None)
+    assert line is not None, proc.stderr[-3000:]
+    assert json.loads(line[len("RESOLVED "):]) == ["DSPARK", str(folder), 6, 1, 1]
