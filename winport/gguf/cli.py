@@ -78,9 +78,11 @@ def dump_main(argv: list[str] | None = None) -> int:
 
 
 def export_main(argv: list[str] | None = None) -> int:
-    """``export CHECKPOINT OUT.gguf [--draft-out DRAFT.gguf] [--draft-only] [--q8_0] [--arch A]``:
+    """``export CHECKPOINT OUT.gguf [--draft-out DRAFT.gguf] [--draft-only] [--mmproj-only] [--q8_0] [--arch A]``:
     a DeepSeek-V4/V4.1 checkpoint folder (bf16/f32 tensors) as llama.cpp-named GGUF; with
-    ``--draft-only`` OUT is the DSpark draft GGUF (Q8_0 unless ``--no-q8_0``) of its ``mtp.*`` tensors."""
+    ``--draft-only`` OUT is the DSpark draft GGUF (Q8_0 unless ``--no-q8_0``) of its ``mtp.*`` tensors;
+    with ``--mmproj-only`` OUT is the vision projector GGUF of its ``vision.*`` / ``aligner.*`` /
+    ``image_*`` tensors (e.g. the ``mmproj`` folder of a converted GGUF)."""
     ap = argparse.ArgumentParser(prog="winport gguf export", description=export_main.__doc__)
     ap.add_argument("checkpoint")
     ap.add_argument("out")
@@ -88,6 +90,7 @@ def export_main(argv: list[str] | None = None) -> int:
                     help="GGUF architecture (default: from config.json model_type)")
     ap.add_argument("--draft-out", default=None, help="also write the bundled DSpark draft here")
     ap.add_argument("--draft-only", action="store_true", help="write only the DSpark draft, to OUT")
+    ap.add_argument("--mmproj-only", action="store_true", help="write only the vision projector, to OUT")
     ap.add_argument("--q8_0", dest="q8_0", action="store_true",
                     help="model: dense linear weights as Q8_0 (default: as stored); the draft follows")
     ap.add_argument("--no-q8_0", dest="draft_q8_0", action="store_false",
@@ -96,9 +99,12 @@ def export_main(argv: list[str] | None = None) -> int:
     import json
     from pathlib import Path
 
-    from .export import checkpoint_to_gguf, draft_to_gguf
+    from .export import checkpoint_to_gguf, draft_to_gguf, mmproj_to_gguf
 
     try:
+        if args.mmproj_only:
+            print(f"wrote {mmproj_to_gguf(args.checkpoint, args.out)}")
+            return 0
         cfg_path = Path(args.checkpoint) / "config.json"
         try:
             config = json.loads(cfg_path.read_text(encoding="utf-8"))
@@ -125,6 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in _COMMANDS:
         print("usage: python -m winport.gguf {info FILE | dump FILE TENSOR --npy OUT | "
-              "export CHECKPOINT OUT.gguf [--draft-out D.gguf | --draft-only]}", file=sys.stderr)
+              "export CHECKPOINT OUT.gguf [--draft-out D.gguf | --draft-only | --mmproj-only]}", file=sys.stderr)
         return 2
     return _COMMANDS[argv[0]](argv[1:])

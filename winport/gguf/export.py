@@ -502,3 +502,117 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     return checkpoint_to_gguf(src, out, arch=archs[variant],
                               name=f"winport-demo-{variant}" + ("-Q8_0" if dense_q8_0 else "-BF16"),
                               dense_q8_0=dense_q8_0, draft_out=draft_out or None)
+
+
+# --- vision projector (mmproj) ---------------------------------------------------------------
+
+_VISION_PREFIXES = ("vision.", "aligner.", "image_")
+
+
+def mmproj_to_gguf(checkpoint_dir: str | Path, out_path: str | Path, *, name: str | None = None) -> Path:
+    """Write a checkpoint's V4.1 vision tower (``vision.*``, ``aligner.*``, ``image_*``) as an mmproj GGUF.
+
+    The inverse of winport.gguf.convert.plan_mmproj through deepseek41_mmproj_names.toml: each
+    target under the first GGUF name of its row (llama.cpp's clip spelling; a row with ``concat``
+    (SGLang's MLP ``w1`` = [gate; up]) is split back into its GGUF parts, halves along rows),
+    tensors as stored (BF16 / F32: "mmproj-BF16"), the vision config as ``clip.vision.*``
+    hparams, architecture ``clip``. ``checkpoint_dir``: a folder with the tensors in
+    ``*.safetensors`` and the ``vision_*`` keys in ``vision_config.json`` (what
+    winport.gguf.to_checkpoint writes under ``<checkpoint>/mmproj``) or ``config.json``.
+    Raises GGUFError naming what is missing or has no GGUF spelling.
+    """
+    import gguf
+    import torch
+    from safetensors import safe_open
+
+    from .convert import _mmproj_table
+
+    folder = Path(checkpoint_dir)
+    out = Path(out_path)
+    cfg_path = folder / "vision_config.json"
+    if not cfg_path.exists():
+        cfg_path = folder / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise GGUFError(f"{cfg_path}: cannot read the vision config ({e})") from e
+    n_layers = int(config.get("vision_n_layers") or 0)
+    if n_layers < 1:
+        raise GGUFError(f"{cfg_path}: vision_n_layers is {config.get('vision_n_layers')!r}: no vision tower")
+    tensors: dict[str, tuple[str, str]] = {}  # target -> (file, name)
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():  # noqa: SIM118 - safe_open is not a dict
+                if k.startswith(_VISION_PREFIXES):
+                    tensors[k] = (str(f), k)
+    rows, hp_table = _mmproj_table()
+    plan: list[tuple[str, str, int | None]] = []  # (gguf name, target, concat part or None)
+    used: set[str] = set()
+    missing: list[str] = []
+    for row in rows:
+        for layer in (range(n_layers) if "{L}" in row["target"] else [None]):
+            def fill(x: str, layer: int | None = layer) -> str:
+                return x.replace("{L}", str(layer)) if layer is not None else x
+
+            target = fill(row["target"])
+            if target not in tensors:
+                if row.get("required"):
+                    missing.append(target)
+                continue
+            used.add(target)
+            parts = [fill(g) for g in row.get("concat", [])]
+            if parts:
+                plan += [(g, target, i) for i, g in enumerate(parts)]
+            else:
+                plan.append((fill(row["gguf"][0]), target, None))
+    unknown = sorted(set(tensors) - used)
+    if missing or unknown:
+        raise GGUFError(f"{folder}: vision tensors missing: {', '.join(missing) or 'none'}; "
+                        f"with no mmproj GGUF name: {', '.join(unknown) or 'none'}")
+    tmp = out.with_name(out.name + ".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(tmp, "clip")
+    writer.add_string("general.name", name or folder.name)
+    first_key: dict[str, str] = {}
+    for gkey, target in hp_table.items():
+        first_key.setdefault(target, gkey)
+    for ckey, gkey in first_key.items():
+        v = config.get(ckey)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise GGUFError(f"{cfg_path}: {ckey}={v!r} is not a number")
+        _add_kv(writer, gkey, v, "FLOAT32" if isinstance(v, float) else "UINT32")
+
+    def load(target: str, part: int | None) -> torch.Tensor:
+        f, k = tensors[target]
+        with safe_open(f, framework="pt") as st:
+            t = st.get_tensor(k)
+        if part is not None:  # halves checked with the infos
+            t = t[part * t.shape[0] // 2 : (part + 1) * t.shape[0] // 2]
+        return t.contiguous()
+
+    types = {"BF16": (gguf.GGMLQuantizationType.BF16, 2), "F32": (gguf.GGMLQuantizationType.F32, 4),
+             "F16": (gguf.GGMLQuantizationType.F16, 2)}
+    for g, target, part in plan:  # infos first (shapes from the headers), then the data one tensor at a time
+        f, k = tensors[target]
+        with safe_open(f, framework="pt") as st:
+            sl = st.get_slice(k)
+            shape, dtype = list(sl.get_shape()), sl.get_dtype()
+        if dtype not in types:
+            raise GGUFError(f"{f}: tensor {k!r}: dtype {dtype} is not exported (BF16/F16/F32 only)")
+        if part is not None:
+            if shape[0] % 2:
+                raise GGUFError(f"{f}: tensor {k!r} {shape}: an odd row count cannot be split into gate and up")
+            shape[0] //= 2
+        writer.add_tensor_info(g, tuple(shape), np.dtype(np.float32), int(np.prod(shape)) * types[dtype][1],
+                               raw_dtype=types[dtype][0])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _g, target, part in plan:
+        t = load(target, part)
+        writer.write_tensor_data(t.view(-1).view(torch.uint8).numpy())
+    writer.close()
+    tmp.replace(out)
+    return out
