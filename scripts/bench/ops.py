@@ -7,8 +7,9 @@ own time; cold: the graph time with L2 flushed before each call, since working s
 50 MB L2 of an H100/H200 otherwise stay in L2 from one replay to the next), achieved GB/s (bytes the
 op must move, over the graph time) and its share of the copy bandwidth measured in the same run
 (torch copy of 1 GiB, which L2 cannot hold), for each timing.
-Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py [--sweep] [--sweep-only]
---sweep first times block-size configs of the rope / routing / softmax / bitmask kernels at the
+Run on the GPU machine: PYTHONPATH=. python3 scripts/bench/ops.py [--sweep[=routing,softmax,bitmask]]
+[--sweep-only]
+--sweep first times block-size configs of the routing / softmax / bitmask kernels at the
 prefill sizes (graph replay, warm and cold L2) and prints the best few of each next to the current
 default; --sweep-only stops after the sweeps. Every max err is measured against the op's torch
 reference in this run (sampling rows: the share of sampled tokens outside the top-k support).
@@ -16,6 +17,7 @@ reference in this run (sampling rows: the share of sampled tokens outside the to
 
 from __future__ import annotations
 
+import importlib
 import math
 import sys
 import traceback
@@ -48,11 +50,14 @@ def main() -> None:
     dev = "cuda"
     copy_bw = copy_bandwidth() / 1e9
     print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}  copy bandwidth {copy_bw:.0f} GB/s")
-    if "--sweep" in sys.argv or "--sweep-only" in sys.argv:
-        try:
-            sweep(copy_bw)
-        except Exception:  # the table below is still worth printing
-            traceback.print_exc()
+    parts = [a.split("=", 1)[1].split(",") if "=" in a else ["routing", "softmax", "bitmask"]
+             for a in sys.argv[1:] if a.startswith("--sweep")]
+    if parts:
+        for part in parts[0]:
+            try:
+                {"routing": sweep_routing, "softmax": sweep_softmax, "bitmask": sweep_bitmask}[part](copy_bw)
+            except Exception:  # the other sweeps and the table are still worth printing
+                traceback.print_exc()
         if "--sweep-only" in sys.argv:
             return
     print("| op | shape | max err | eager (us) | graph (us) | cold (us) | GB/s (graph) | % copy graph | % copy cold "
@@ -92,8 +97,9 @@ def main() -> None:
             lambda: sgl_kernel.fused_add_rmsnorm(x, r, w, 1e-6), 4 * x.nbytes)
         g = torch.randn(tokens * 6, 2 * 2304, dtype=bf, device=dev)
         o = torch.empty(tokens * 6, 2304, dtype=bf, device=dev)
-        err = _err(sgl_kernel.silu_and_mul(g, o), activation.act_and_mul_ref(g, "silu"))
-        row("silu_and_mul", f"{tokens * 6}x4608", err, lambda: sgl_kernel.silu_and_mul_clamp(g, o, 10.0),
+        sgl_kernel.silu_and_mul_clamp(g, o, 10.0)
+        err = _err(o, activation.act_and_mul_ref(g, "silu", 10.0))
+        row("silu_and_mul_clamp", f"{tokens * 6}x4608", err, lambda: sgl_kernel.silu_and_mul_clamp(g, o, 10.0),
             g.nbytes + o.nbytes)
         y = torch.randn(tokens, 6, 5120, dtype=bf, device=dev)
         err = _err(sgl_kernel.moe_sum_reduce(y, out, 1.5) or out, moe_sum.moe_sum_ref(y, 1.5))
@@ -118,8 +124,10 @@ def main() -> None:
         tw = torch.empty(tokens, 6, device=dev)
         ti = torch.empty(tokens, 6, dtype=torch.int32, device=dev)
         sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True)
-        rw, _ = moe_routing.routing_ref(lg, bias, 6, "sqrtsoftplus", True, 1.5)
-        row("biased_topk sqrtsoftplus", f"{tokens}x384 top6", _err(tw.sort(-1).values, rw.sort(-1).values),
+        rw, ri = moe_routing.routing_ref(lg, bias, 6, "sqrtsoftplus", True, 1.5)
+        # Weights in the reference's order; inf if the chosen experts differ (fp32 logits: no ties).
+        err = _err(tw, rw) if torch.equal(ti, ri) else float("inf")
+        row("biased_topk sqrtsoftplus", f"{tokens}x384 top6", err,
             lambda: sgl_kernel.biased_topk(lg, bias, tw, ti, 6, "sqrtsoftplus", 0, True, 1.5, True),
             lg.nbytes + tw.nbytes + ti.nbytes)
         va, vb = torch.randn(tokens, 64, 512, dtype=bf, device=dev), torch.randn(tokens, 64, 512, dtype=bf, device=dev)
@@ -239,11 +247,10 @@ def _sweep_one(name: str, nbytes: float, copy_bw: float, default: tuple, configs
             print(f"  cold L2 {c}: {t * 1e6:.1f} us, {100 * nbytes / t / 1e9 / copy_bw:.0f}% copy", flush=True)
 
 
-def sweep(copy_bw: float) -> None:
-    """Sweeps at the prefill / batch sizes: routing (chunked kernel: tokens per program, warps, chunks;
-    the previous padded kernel for comparison; top-1 and sigmoid variants to split the time into
-    scoring and selection), softmax (splits, tile, warps, L2 eviction hints; warm and cold L2) and the
-    bitmask (tile, variant, warps; random and grammar-like masks; warm and cold L2)."""
+def sweep_routing(copy_bw: float) -> None:
+    """biased_topk 8192x384 top-6: tokens per program, warps, chunks; earlier kernels for comparison
+    when their bench-only copies (_routing_v0.py, _routing_v1.py) are present; top-1 and sigmoid
+    variants to split the time into scoring and selection rounds."""
     dev = "cuda"
     n = 8192
     lg = torch.randn(n, 384, device=dev)
@@ -251,19 +258,18 @@ def sweep(copy_bw: float) -> None:
     tw = torch.empty(n, 6, device=dev)
     ti = torch.empty(n, 6, dtype=torch.int32, device=dev)
     nb = lg.nbytes + tw.nbytes + ti.nbytes
-    rt_cfgs = [(1, 1, 3), (2, 1, 3), (2, 2, 3), (4, 2, 3), (4, 4, 3), (8, 2, 3), (8, 4, 3), (16, 4, 3), (16, 8, 3),
-               (32, 8, 3), (4, 2, 1), (8, 4, 1)]
+    rt_cfgs = [(1, 1, 3), (2, 1, 3), (4, 4, 3), (8, 4, 3), (16, 8, 3), (4, 2, 1)]
     _sweep_one("biased_topk 8192x384 top6", nb, copy_bw, (moe_routing.routing_block_t(n, 384), 2), rt_cfgs,
                lambda c: moe_routing.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c),
                cold_top=2)
-    try:  # the previous kernel (one padded 512-wide row, k packed-key rounds), if its copy is present
-        import _routing_v0
-
-        _sweep_one("biased_topk v0 (previous kernel)", nb, copy_bw, (4, 2), [(8, 4), (2, 2)],
-                   lambda c: _routing_v0.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c))
-    except ImportError:
-        pass
-    best = (8, 4, 3)
+    for mod, cfgs in (("_routing_v0", [(4, 2)]), ("_routing_v1", [(4, 2), (2, 1, 3)])):
+        try:  # an earlier kernel, if its bench-only copy is present
+            old = importlib.import_module(mod)
+        except ImportError:
+            continue
+        _sweep_one(f"biased_topk {mod} (earlier kernel)", nb, copy_bw, cfgs[0], cfgs[1:],
+                   lambda c: old.routing_triton(lg, bias, tw, ti, 6, "sqrtsoftplus", True, 1.5, config=c))
+    best = (moe_routing.routing_block_t(n, 384), 2)
     for label, k, score in (("top-1 sqrtsoftplus", 1, "sqrtsoftplus"), ("top-6 sigmoid", 6, "sigmoid"),
                             ("top-1 sigmoid", 1, "sigmoid")):
         t = graph_time(lambda: moe_routing.routing_triton(lg, bias, tw, ti, k, score, True, 1.5, config=best))
@@ -273,6 +279,10 @@ def sweep(copy_bw: float) -> None:
     print(f"  reference: copy of the 8192x384 fp32 logits {t * 1e6:.1f} us ({2 * lg.nbytes / t / 1e9:.0f} GB/s)",
           flush=True)
 
+
+def sweep_softmax(copy_bw: float) -> None:
+    """softmax 64x129280: splits, tile, warps, L2 eviction hints, row groups; warm and cold L2."""
+    dev = "cuda"
     x = torch.randn(64, 129280, device=dev)
     temp = torch.rand(64, device=dev) + 0.5
     out = torch.empty_like(x)
@@ -282,6 +292,14 @@ def sweep(copy_bw: float) -> None:
                (264, 512, 4, True, 8)]
     _sweep_one("softmax 64x129280", 2 * x.nbytes, copy_bw, sampling.softmax_config(64, 129280, x.device), sm_cfgs,
                lambda c: sampling.softmax_triton(x, temp, out, config=c), cold_top=len(sm_cfgs))
+
+
+def sweep_bitmask(copy_bw: float) -> None:
+    """apply_token_bitmask 64x129280: tile, variant, warps; random and grammar-like masks; warm and cold
+    L2; copy and fill of the logits as references."""
+    dev = "cuda"
+    x = torch.randn(64, 129280, device=dev)
+    out = torch.empty_like(x)
     mask = torch.randint(-(2**31), 2**31 - 1, (64, 4040), dtype=torch.int32, device=dev)
     gmask = grammar_mask(64, 4040, dev)
     bm_cfgs = [(128, 1, 4), (128, 2, 4), (128, 0, 4), (256, 1, 4), (256, 2, 4), (64, 1, 4), (64, 2, 4),

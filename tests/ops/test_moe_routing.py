@@ -165,6 +165,12 @@ def test_routing_layout() -> None:
     assert moe_routing.routing_layout(256) == (256, 1)
     assert moe_routing.routing_layout(96) == (32, 3)
     assert moe_routing.routing_layout(100) == (128, 1)
+    g = torch.randn(5, 24)
+    w, ids = poisoned(5, 12), poisoned(5, 12, dtype=torch.int32)
+    moe_routing.routing_triton(g, None, w, ids, 12, "sigmoid", True, config=(2, 2, 3))  # 3 x 8, topk > C
+    rw, ri = moe_routing.routing_ref(g, None, 12, "sigmoid", True)
+    assert torch.equal(ids, ri)
+    assert_no_nan_close(w, rw, 1e-6, 1e-6)
     with pytest.raises(ValueError, match="topk=7"):
         moe_routing.routing_triton(torch.zeros(2, 6), None, poisoned(2, 7), poisoned(2, 7, dtype=torch.int32), 7,
                                    "sigmoid", True)
@@ -201,3 +207,34 @@ def test_routing_gpu(config: tuple[int, int, int] | None) -> None:
     rw2, ri2 = moe_routing.routing_ref(g2, b2, 8, "sigmoid", True, 1.0, 0.0, 8, 4)
     assert torch.equal(i2.sort(-1).values, ri2.sort(-1).values)
     assert_no_nan_close(w2.sort(-1).values, rw2.sort(-1).values, 1e-5, 1e-5)
+
+
+@pytest.mark.gpu
+def test_routing_shims_gpu() -> None:
+    """topk_softmax (with softcap and renorm) and topk_sigmoid (with a correction bias) through the shims at
+    8192 x 384 top-6. Slot by slot, the chosen expert's choice value equals the reference's within 1e-6
+    (the kernel's exp/division are not torch's bit for bit; with one bias vector for every token, two
+    experts whose scores saturate near 1 differ only by their biases, so a few of 8192 tokens have
+    near-ties below 1e-6 whose order may swap), ids distinct, weights within 1e-5 of the reference
+    scores of the chosen experts."""
+    g = torch.randn(8192, 384, device="cuda") * 3
+    bias = torch.randn(384, device="cuda") * 0.1
+    for score in ("softmax", "sigmoid"):
+        w = torch.full((8192, 6), float("nan"), device="cuda")
+        ids = torch.full((8192, 6), -1, dtype=torch.int32, device="cuda")
+        if score == "softmax":
+            sgl_kernel.topk_softmax(w, ids, g, True, moe_softcapping=30.0)
+            s = torch.softmax(torch.tanh(g / 30.0) * 30.0, -1)
+            choice = s
+        else:
+            sgl_kernel.topk_sigmoid(w, ids, g, False, correction_bias=bias)
+            s = torch.sigmoid(g)
+            choice = s + bias
+        _, ri = moe_routing.routing_ref(g, bias if score == "sigmoid" else None, 6, score, score == "softmax",
+                                        softcap=30.0 if score == "softmax" else 0.0)
+        assert (ids >= 0).all() and (ids.sort(-1).values.diff(dim=-1) > 0).all()
+        assert_no_nan_close(choice.gather(1, ids.long()), choice.gather(1, ri.long()), 0, 1e-6)
+        ref_w = s.gather(1, ids.long())
+        if score == "softmax":
+            ref_w = ref_w / ref_w.sum(-1, keepdim=True)
+        assert_no_nan_close(w, ref_w, 1e-5, 1e-5)
