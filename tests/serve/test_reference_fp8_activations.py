@@ -11,15 +11,18 @@ from winport.demo.reference import add_fp8_activations, fp8_activation_round_tri
 from winport.patches import cuda_jit_quant
 
 
+@pytest.mark.parametrize("ue8m0", [False, True])
 @pytest.mark.parametrize("tokens", [1, 5])
-def test_round_trip_equals_the_shims_group_quantization(tokens: int) -> None:
+def test_round_trip_equals_the_shims_group_quantization(tokens: int, ue8m0: bool) -> None:
     torch.manual_seed(tokens)
     x = (torch.randn(tokens, 384) * torch.logspace(-2, 2, 384)).to(torch.bfloat16)
     q = torch.full((tokens, 384), float("nan")).to(torch.float8_e4m3fn)
     s = torch.full((tokens, 3), float("nan"))
-    cuda_jit_quant.per_token_group_quant(x, q, s, 128)
+    cuda_jit_quant.per_token_group_quant(x, q, s, 128, scale_ue8m0=ue8m0)
     shim = (q.float().view(tokens, 3, 128) * s[..., None]).view(tokens, 384)
-    ours = fp8_activation_round_trip(x).float()
+    ours = fp8_activation_round_trip(x, ue8m0=ue8m0).float()
+    if ue8m0:
+        assert torch.equal(s, torch.exp2(torch.log2(s).round()))
     assert not ours.isnan().any()
     torch.testing.assert_close(ours, shim.to(torch.bfloat16).float(), rtol=2**-7, atol=0)
     assert (ours != x.float()).any()  # it does round
@@ -39,7 +42,7 @@ def test_hooks_the_w8a8_modules_of_the_demo_model() -> None:
     ids = torch.randint(0, config.vocab_size, (1, 12))
     with torch.no_grad():
         plain = model(ids, use_cache=False).logits
-        hooked = add_fp8_activations(model)
+        hooked = add_fp8_activations(model, dense_ue8m0=True)
         rounded = model(ids, use_cache=False).logits
     layers = config.num_hidden_layers
     indexers = sum(1 for n, _ in model.named_modules() if n.endswith("compressor.indexer.q_b_proj"))

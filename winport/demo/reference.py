@@ -40,12 +40,15 @@ def add_fp8_kv(model: torch.nn.Module) -> int:
     return n
 
 
-def fp8_activation_round_trip(x: torch.Tensor) -> torch.Tensor:
+def fp8_activation_round_trip(x: torch.Tensor, *, ue8m0: bool = False) -> torch.Tensor:
     """SGLang's W8A8 activation quantization on CUDA as a round trip: per token, groups of 128 along
-    the last dim, e4m3 with an fp32 scale amax/448 (sgl_per_token_group_quant_8bit's semantics)."""
+    the last dim, e4m3 with scale amax/448 (sgl_per_token_group_quant_8bit's semantics), rounded up
+    to a power of two when `ue8m0` (checkpoints whose quantization_config says scale_fmt ue8m0)."""
     shape = x.shape
     g = x.float().reshape(*shape[:-1], shape[-1] // 128, 128)
     scale = g.abs().amax(-1, keepdim=True).clamp_min(1e-10) / 448.0
+    if ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
     return ((g / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale).reshape(shape).to(x.dtype)
 
 
@@ -56,16 +59,19 @@ _W8A8_LINEARS = ("self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj"
                  "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj")
 
 
-def add_fp8_activations(model: torch.nn.Module) -> int:
+def add_fp8_activations(model: torch.nn.Module, *, dense_ue8m0: bool) -> int:
     """Round the inputs of every W8A8 linear and of the routed experts (gate_up and down) through FP8,
     as SGLang's block-FP8 linears and Triton fused MoE do on CUDA; returns how many modules were hooked.
 
+    The dense linears use power-of-two scales when `dense_ue8m0` (SGLang's act_scale_ue8m0 for a
+    scale_fmt ue8m0 checkpoint); the Triton fused MoE always quantizes with exact scales.
     On CPU SGLang multiplies bf16 activations (W8A16), so the CPU comparison does not use this.
     """
     hooked = 0
     for name, mod in model.named_modules():
         if isinstance(mod, torch.nn.Linear) and name.endswith(_W8A8_LINEARS):
-            mod.register_forward_pre_hook(lambda _m, args: (fp8_activation_round_trip(args[0]), *args[1:]))
+            mod.register_forward_pre_hook(
+                lambda _m, args: (fp8_activation_round_trip(args[0], ue8m0=dense_ue8m0), *args[1:]))
             hooked += 1
         elif name.endswith("mlp.experts") and hasattr(mod, "_apply_gate"):
             mod.register_forward_pre_hook(lambda _m, args: (fp8_activation_round_trip(args[0]), *args[1:]))
@@ -115,7 +121,8 @@ def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool =
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
-    if "quantization_config" in json.loads((folder / "config.json").read_text()):
+    quant = json.loads((folder / "config.json").read_text()).get("quantization_config")
+    if quant:
         with tempfile.TemporaryDirectory(prefix="winport-ref-") as tmp:
             model = AutoModelForCausalLM.from_pretrained(str(dequantized_copy(folder, Path(tmp))),
                                                          dtype=torch.float32).eval()
@@ -123,7 +130,7 @@ def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool =
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     if fp8_kv and add_fp8_kv(model) == 0:
         raise RuntimeError("found no KV norm to hook: transformers' DeepSeek-V4 module names changed")
-    if fp8_activations and add_fp8_activations(model) == 0:
+    if fp8_activations and add_fp8_activations(model, dense_ue8m0=(quant or {}).get("scale_fmt") == "ue8m0") == 0:
         raise RuntimeError("found no W8A8 linear to hook: transformers' DeepSeek-V4 module names changed")
     return model
 
