@@ -28,14 +28,18 @@ def plain() -> dict[str, torch.Tensor]:
     return demo_state_dict_v41(CFG)
 
 
+@pytest.fixture(scope="module")
+def quant(plain: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return qz.quantize_state_dict(plain, qz.V41_BLOCK)
+
+
 def test_block_per_variant() -> None:
     assert qz.block_for("v4") == (128, 128) and qz.block_for("v41") == (32, 32)
     with pytest.raises(ValueError, match="unknown demo variant 'v5'"):
         qz.block_for("v5")
 
 
-def test_which_tensor_is_stored_how(plain: dict[str, torch.Tensor]) -> None:
-    quant = qz.quantize_state_dict(plain, qz.V41_BLOCK)
+def test_which_tensor_is_stored_how(plain: dict[str, torch.Tensor], quant: dict[str, torch.Tensor]) -> None:
     fp8 = {n for n, t in quant.items() if t.dtype == torch.float8_e4m3fn and n.endswith(".weight")}
     fp4 = {n for n, t in quant.items() if t.dtype == torch.int8}
     for name in ("layers.1.attn.wq_b.weight", "layers.3.attn.indexer.wq_b.weight", "layers.2.engram.wkv.weight",
@@ -59,8 +63,7 @@ def test_which_tensor_is_stored_how(plain: dict[str, torch.Tensor]) -> None:
         assert torch.equal(quant[n].view(torch.uint8), plain[n].view(torch.uint8)), n
 
 
-def test_bf16_form_is_the_same_model(plain: dict[str, torch.Tensor]) -> None:
-    quant = qz.quantize_state_dict(plain, qz.V41_BLOCK)
+def test_bf16_form_is_the_same_model(plain: dict[str, torch.Tensor], quant: dict[str, torch.Tensor]) -> None:
     bf16 = qz.quantized_values(plain, qz.V41_BLOCK)
     back = qz.dequantize_state_dict(quant)
     assert set(bf16) == set(back) == set(plain)
