@@ -26,9 +26,10 @@ c=None) -> Tensor`
     bytes, lowest byte = lowest K group) -> float32 powers of two [..., num_groups].
 
 Kernel notes (why it looks like this)
-- Decode is bound by reading the weight once. M <= GEMV_MAX_M (8): tensor-core-free GEMV kernels
-  (`_fp8_gemv_kernel` for M = 1, `_fp8_gemv_multi_kernel` for 2..8 rows; see their docstrings).
-  M 9..16 and batched operands: the tl.dot kernel with a 16-row tile. Both can split K over CTAs
+- Decode is bound by reading the weight once. Tensor-core-free GEMV kernels (`_fp8_gemv_kernel`
+  for M = 1, `_fp8_gemv_multi_kernel` for 2..8 rows; see their docstrings) by default for M = 1
+  and for M = 2 on K >= 4096 (`default_gemv_config` says why); other M <= 16 and batched
+  operands: the tl.dot kernel with a 16-row tile. Both can split K over CTAs
   with a "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is
   launched; the counters reset themselves, which keeps the path CUDA-graph safe.
 - Two inner-loop modes: FP8 dot (tile K == scale group, per-group rescale of the fp32 partial) and
@@ -501,25 +502,29 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
     return GemmConfig(block_m, 128, max(64, bk), 1, 8 if block_m == 128 else 4, 3, True)
 
 
-GEMV_MAX_M = 8  # activation rows up to which the tensor-core-free GEMV kernels replace the tl.dot path
+GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernels take (with an explicit GemvConfig)
+# Where the defaults use them: the H200 run (RESULTS.md "GEMV rework", 2026-11-29) measured the
+# multi-row kernel faster than the tl.dot split-K path only at M = 2 on K >= 4096 (e.g. 25600x6144:
+# 71.9 vs 79.0 us); at M = 2 with K = 1280 and at M >= 4 it lost (M = 4: 127 vs 79 us, it is
+# compute-bound: every row re-converts the fp8 weight tile), so those keep the tl.dot path.
+GEMV_MULTI_DEFAULT_MIN_K = 4096
 
 
 def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 1) -> GemvConfig | None:
-    """Config of the GEMV kernels (M <= GEMV_MAX_M), or None where they do not apply (scale rows
-    narrower than 8, or M too large).
+    """Default config of the GEMV kernels, or None where the defaults take the tl.dot path instead
+    (scale rows narrower than 8, M > 2, or M = 2 with K < GEMV_MULTI_DEFAULT_MIN_K).
 
     M = 1, from the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework",
     2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes: 8-row N tiles;
     K >= 4608 -> 2048-wide K steps with 4 warps, else 512-wide with 8 warps; no split-K (the
-    arrival-counter epilogue cost more than it gained on every shape). M = 2..8: 8 warps and a K
-    step that keeps the [M, 8, BLOCK_K] product at 64 values per thread (2048 / M wide, <= 1024).
-    Split-K only where the N tiles alone leave SMs idle (fewer tiles than SMs; counted in SMs, so
-    SM120 parts get proportionate grids).
+    arrival-counter epilogue cost more than it gained on every shape). M = 2: 8 warps, 1024-wide K
+    steps (the [2, 8, 1024] product is 64 values per thread). Split-K only where the N tiles alone
+    leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
         return GemvConfig(*(int(x) for x in env.split(",")))
-    if bn < 8 or bn % 8 or m > GEMV_MAX_M:
+    if bn < 8 or bn % 8 or m > 2 or (m == 2 and k < GEMV_MULTI_DEFAULT_MIN_K):
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
     block_n = 8
@@ -677,9 +682,9 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
     """Block-scaled FP8 GEMM `out = dequant(a) @ dequant(b)^T (+ c)`; layouts in the module docstring.
 
     Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
-    `out`, when given, is written in place (any strides) and returned. M <= GEMV_MAX_M with 2-D
-    operands uses the tensor-core-free GEMV kernels (`GemvConfig`) when the weight scale block is
-    >= 8 rows (a multiple of 8).
+    `out`, when given, is written in place (any strides) and returned. With 2-D operands, M = 1 (and
+    M = 2 on K >= 4096) uses the tensor-core-free GEMV kernels when the weight scale block is a
+    multiple of 8 rows; an explicit `GemvConfig` selects them for any M <= GEMV_MAX_M.
     """
     bs = (int(block_size[0]), int(block_size[1]))
     m, n, _, _, _ = _check(a_fp8, a_scale, b_fp8, b_scale, bs)

@@ -144,11 +144,12 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_vec8", 1, 24, 200, 8, 8, GemvConfig(8, 64, 1, 4, 1)),
     ("gemv_default_few_tiles_32", 1, 16, 2000, 32, 32, None),
     # 2..8 activation rows (_fp8_gemv_multi_kernel): exact power of two, padded rows (3 -> 4,
-    # 5 -> 8) with split-K, 128-wide groups, and the default config
+    # 5 -> 8) with split-K, 128-wide groups, 8 rows, and the default config (M = 2, K >= 4096)
     ("gemv_m2_32", 2, 72, 1248, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
     ("gemv_m3_split_32", 3, 40, 1060, 32, 32, GemvConfig(8, 128, 3, 4, 1)),
     ("gemv_m5_split_128", 5, 80, 640, 128, 128, GemvConfig(16, 128, 2, 4, 1)),
-    ("gemv_default_m8_32", 8, 64, 544, 32, 32, None),
+    ("gemv_m8_32", 8, 48, 544, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
+    ("gemv_default_m2_32", 2, 64, 4160, 32, 32, None),
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -211,10 +212,25 @@ def interp_results() -> dict:
                                   "accum_colmajor", "einsum", "gemv_32", "gemv_split_32", "gemv_split_128",
                                   "gemv_default_32", "gemv_accum_colmajor", "gemv_ragged_k_split_32",
                                   "gemv_vec8", "gemv_default_few_tiles_32", "gemv_m2_32", "gemv_m3_split_32",
-                                  "gemv_m5_split_128", "gemv_default_m8_32", "gemv_m3_accum_colmajor"])
+                                  "gemv_m5_split_128", "gemv_m8_32", "gemv_default_m2_32",
+                                  "gemv_m3_accum_colmajor"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
     assert_gemm_close(out, ref)
+
+
+def test_default_gemv_dispatch() -> None:
+    """The defaults take the GEMV kernels for M = 1 and for M = 2 on K >= 4096 only (where the H200 run
+    measured them faster than the tl.dot path), never for weight scale rows narrower than 8."""
+    from kernels_triton.fp8_gemm import default_gemv_config
+
+    cpu = torch.device("cpu")
+    assert default_gemv_config(25600, 6144, 32, cpu) is not None
+    assert default_gemv_config(16384, 1280, 32, cpu) is not None
+    assert default_gemv_config(25600, 6144, 32, cpu, m=2) is not None
+    assert default_gemv_config(16384, 1280, 32, cpu, m=2) is None
+    assert default_gemv_config(25600, 6144, 32, cpu, m=4) is None
+    assert default_gemv_config(25600, 6144, 1, cpu) is None
 
 
 def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
