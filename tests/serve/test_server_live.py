@@ -213,6 +213,7 @@ def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
     reference = prompt_logprobs(_reference(folder), ids)
     assert len(served) == len(reference)
     if os.environ.get("WINPORT_TEST_SERVER_LOG_DIR"):  # kept for analysis after a GPU run
+        os.makedirs(os.environ["WINPORT_TEST_SERVER_LOG_DIR"], exist_ok=True)
         with open(os.path.join(os.environ["WINPORT_TEST_SERVER_LOG_DIR"], "prompt_logprobs.json"), "w") as f:
             json.dump({"ids": ids, "served": served, "reference": reference}, f)
     diffs = [abs(a - b) for a, b in zip(served, reference, strict=True)]
