@@ -110,3 +110,24 @@ def test_cpu_tensor_parallel_gets_a_thread_binding(cpu_only: None, tmp_path, mon
     assert "--disable-custom-all-reduce" not in command.build_plan(["--demo"]).argv
     with pytest.raises(command.ServeError, match="at least 1"):
         command.build_plan(["--demo", "--tp", "0"])
+
+
+@pytest.mark.parametrize(("setting", "eager"), [(None, False), ("1", False), ("0", True)])
+def test_cuda_decode_uses_cuda_graphs_unless_told_not_to(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                         setting: str | None, eager: bool) -> None:
+    import json
+
+    from winport.demo.config import demo_config
+
+    folder = tmp_path / "demo"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(demo_config()))
+    monkeypatch.setattr(command, "_cuda_available", lambda: True)
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: folder)
+    if setting is None:
+        monkeypatch.delenv("WINPORT_CUDA_GRAPH", raising=False)
+    else:
+        monkeypatch.setenv("WINPORT_CUDA_GRAPH", setting)
+    plan = command.build_plan(["--demo"])
+    assert plan.device == "cuda"
+    assert ("--disable-cuda-graph" in plan.argv) is eager

@@ -173,13 +173,11 @@ def build_plan(argv: list[str]) -> LaunchPlan:
             raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
         sg += ["--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.5", "--skip-server-warmup"]
     if device != "cpu":
-        # The DeepSeek-V4 XPU-route functions winport serves from sgl_kernel (compressor, KV store,
-        # top-k transforms: shims/sgl_kernel/dsv4_xpu.py) are torch code with data-dependent shapes
-        # (host syncs), which a CUDA graph cannot capture (seen on the H200: "Cannot copy between
-        # CPU and CUDA tensors during CUDA graph capture"). Until they have graph-safe kernels,
-        # decode runs eagerly: correct, but far slower than with graphs. WINPORT_CUDA_GRAPH=1 lets
-        # SGLang capture them anyway (for checking the graph-safe rewrites on a GPU).
-        if os.environ.get("WINPORT_CUDA_GRAPH") != "1":
+        # SGLang captures decode in CUDA graphs (the DeepSeek-V4 XPU-route shims are graph-safe:
+        # tests/ops/test_dsv4_graph_safe.py; on the H200 the live server tests pass with graphs, see
+        # scripts/bench/RESULTS.md). WINPORT_CUDA_GRAPH=0 runs decode eagerly instead (a debugging
+        # aid: slower, same results).
+        if os.environ.get("WINPORT_CUDA_GRAPH") == "0":
             sg += ["--disable-cuda-graph"]
     if device != "cpu" and args.vram_gib is not None:
         import torch
