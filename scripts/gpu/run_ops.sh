@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 3's GPU evidence: the gpu-marked op tests of the sgl_kernel/flashinfer/FA3 shims, then the
-# op benchmark (arguments go to scripts/bench/ops.py, e.g. --sweep). Run from the repo root on the GPU
-# machine (a bare python: no winport .pth there, so a temporary sitecustomize installs the shim finder
-# in every interpreter, pytest's included). OPS_TESTS overrides the list of test files.
+# op benchmark (arguments go to scripts/bench/ops.py: --sweep[=routing,softmax,bitmask], --sweep-only).
+# Run from the repo root on the GPU machine (a bare python: no winport .pth there, so a temporary
+# sitecustomize installs the shim finder in every interpreter, pytest's included). OPS_TESTS overrides
+# the list of test files.
 set -u
 SITE=$(mktemp -d)
 echo "import winport.shimloader as _s; _s.install()" > "$SITE/sitecustomize.py"
