@@ -366,7 +366,9 @@ if _HAVE_TRITON:
         BLOCK_K: tl.constexpr, VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
     ):
         """`_fp8_gemv_kernel` for 2 <= M <= BLOCK_M activation rows (decode batches, speculative
-        verify blocks): each weight tile is loaded once and multiplied with every row of x.
+        verify blocks): each weight tile is loaded once and multiplied with every row of x. The
+        defaults use it for M = 2 with K >= 4096 only (see GEMV_MAX_M): from 4 rows on, converting
+        the fp8 tile once per row makes it compute-bound and the tl.dot path wins.
 
         Same scheme as the M = 1 kernel, one dimension up: the product is [BLOCK_M, BLOCK_N,
         BLOCK_K], summed in-thread over VEC-wide chunks to a [BLOCK_M, BLOCK_N, BLOCK_K / VEC]

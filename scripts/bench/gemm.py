@@ -210,7 +210,8 @@ def main() -> None:
         bf_ms = graph_bench([lambda w=w: torch.matmul(xb, w.t()) for w in bfs * 2])  # noqa: B023
         del bfs
         small = {m: gemv_time(wts, m, None) for m in SMALL_M}
-        # the tl.dot split-K path at the same M (what M = 2..8 ran before the multi-row GEMV)
+        # the tl.dot split-K path at the same M, forced (the default for M >= 4 and for M = 2 with
+        # K < 4096; next to the multi-row GEMV that the defaults take for M = 2 with K >= 4096)
         dot_path = {m: gemv_time(wts, m, default_config(m, n, k, 32, 32, torch.device("cuda"))) for m in (2, 4, 8)}
         for m_ in SMALL_M:
             small_sum[m_] = small_sum.get(m_, 0.0) + small[m_]
