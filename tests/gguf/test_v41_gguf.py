@@ -38,7 +38,7 @@ CACHE = REPO_ROOT / ".cache" / "winport-test-gguf-v41"
 def demo_dir() -> Path:
     from winport.demo.build import ensure_demo
 
-    return ensure_demo("v41", CACHE / "demo-v41", quantized=False)
+    return ensure_demo("v41", CACHE / "demo-v41-bf16", quantized=False)
 
 
 @pytest.fixture(scope="module")
