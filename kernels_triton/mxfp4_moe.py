@@ -1,0 +1,431 @@
+"""Fused MoE for bf16 activations and MXFP4 experts in DeepSeek's checkpoint layout (W4A16, Triton).
+
+Layout (what SGLang 0.5.23 loads from DeepSeek-V4(.1)'s checkpoint and what winport's GGUF loader
+writes, so both feed this kernel without a repack):
+- ``w13`` [E, 2I, H/2] int8/uint8: per expert the gate rows (checkpoint ``w1`` / ``gate_proj``) in
+  rows [0, I), then the up rows (``w3`` / ``up_proj``) in rows [I, 2I). SGLang's FusedMoE loader
+  puts shard "w1" at offset 0 and "w3" at offset I (fused_moe_triton/layer.py ``_load_w13``, no
+  ``load_up_proj_weight_first`` on this path) and its activation takes gate = first half.
+- ``w2`` [E, H, I/2] (down, checkpoint ``w2``).
+- Two E2M1 codes per byte, the low nibble is input column 2j, the high nibble column 2j+1
+  (winport/demo/quantize.py, cpu_mxfp4_moe.py). Codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6; 8..15
+  the same negated.
+- Scales [E, N, K/32], one per 32 input columns: E8M0 bytes (uint8 or float8_e8m0fnu, value
+  2^(e-127), 255 = NaN) or float32 values (the dtype SGLang's Fp8MoEMethod registers for
+  ``w13_weight_scale_inv`` on CUDA).
+
+Computation, per (token t, slot k) with expert e = topk_ids[t, k]:
+  g, u = x[t] @ W13[e, :I]^T, x[t] @ W13[e, I:]^T         (fp32 accumulation, bf16 operands)
+  g = min(g, limit); u = clamp(u, -limit, limit)          (DeepSeek's swiglu_limit, when given)
+  a = bf16(silu(g) * u)                                   (rounded once, like SGLang's cache2)
+  y[t, k] = bf16(topk_weights[t, k] * (a @ W2[e]^T))
+  out[t] = bf16(routed_scaling_factor * sum_k y[t, k])    (moe_sum.py, fp32 sum)
+Ids outside [0, E) (-1 = "no expert", EP-masked slots) contribute zero.
+
+Steps: moe_align.moe_align_block_size_ref sorts the (token, slot) pairs by expert in blocks of
+BLOCK_M (invalid ids land in blocks whose expert is -1); ``_mxfp4_moe_gate_up_kernel`` computes the
+gate and up tiles of one block of one expert with the SwiGLU epilogue fused; ``_mxfp4_moe_down_kernel``
+does the down projection and the router weight (blocks of expert -1 write zeros); moe_sum adds the
+top-k slots. Weights are dequantized in registers: each byte tile [BLOCK_K/2, BLOCK_N] gives the
+even-column and the odd-column halves of the K slice, and the activations are loaded as their even
+and odd columns, so x @ W^T = x_even @ W_low^T + x_odd @ W_high^T needs no nibble interleave
+(no tl.join / reshape of the codes). E2M1 -> fp32 is built bit by bit (no table gather); E8M0 ->
+2^(e-127) too, exactly for every e (0 gives the subnormal 2^-127). Every dequantized weight has at
+most two significant bits, so its bf16 cast is exact and the tl.dot operands are bf16 (mma.sync on
+sm_80+, no Hopper-only instruction: compiles for sm_90 and sm_120).
+
+Under TRITON_INTERPRET=1 (the CPU tests) EMULATE_BF16 makes the kernels multiply in fp32 the same
+bf16-exact values (the interpreter mis-multiplies bf16 dots) and round fp32 -> bf16 by hand
+(nearest-even; the interpreter truncates), and the final top-k sum goes through an fp32 buffer and
+torch's rounding cast for the same reason. GPU launches use EMULATE_BF16=False.
+
+Not wired into SGLang or ``winport serve`` yet (it has not run on a GPU). How it would be wired:
+a patch in winport/patches/ (like cpu_mxfp4_moe.py) on sglang 0.5.23
+``srt/layers/quantization/fp8.py:Fp8MoEMethod``: with SGLANG_DSV4_FP4_DEQUANT=0 on CUDA,
+``process_weights_after_loading_block_quant`` keeps ``w13_weight`` / ``w2_weight`` int8 packed and
+``w13_weight_scale_inv`` / ``w2_weight_scale_inv`` float32 [E, N, K/32] as loaded (the patched
+method returns before the DeepGEMM/Marlin/flashinfer branches), and ``apply`` calls
+:func:`mxfp4_moe` with ``dispatch_output.hidden_states``, ``dispatch_output.topk_output`` and the
+runner config's ``swiglu_limit`` / ``routed_scaling_factor``, returning ``StandardCombineInput``. That
+replaces the Triton runner (``MoeRunner(MoeRunnerBackend.TRITON)`` -> ``fused_experts_none_to_triton``
+-> ``_fused_moe_kernel_sequence`` on the FP8-dequantized experts). For hot-expert residency under
+kt-kernel (GPU holds a subset of experts), the GPU runner receives topk_ids already remapped to the
+resident slots with -1 for CPU experts, which this kernel skips.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels_triton.moe_align import moe_align_block_size_ref
+from kernels_triton.moe_sum import moe_sum_triton
+
+MXFP4_GROUP = 32
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Tile sizes of one launch (BLOCK_K counts unpacked input columns, a multiple of 32)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Untuned defaults (no GPU time this session; scripts/bench/mxfp4_moe.py --sweep times candidates).
+# Decode (a few rows per expert): the smallest tl.dot M, the weight stream dominates.
+# Prefill: larger M tiles so each dequantized weight tile serves more rows.
+CONFIGS = {
+    16: MoeConfig(16, 64, 128, 4, 3),
+    32: MoeConfig(32, 64, 128, 4, 3),
+    64: MoeConfig(64, 64, 64, 8, 3),
+}
+
+
+def pick_config(num_slots: int, num_experts: int) -> MoeConfig:
+    """Tiles by the mean number of rows per routed expert (num_slots = tokens * top_k)."""
+    rows = num_slots / max(1, min(num_experts, num_slots))
+    if rows <= 16:
+        return CONFIGS[16]
+    if rows <= 48:
+        return CONFIGS[32]
+    return CONFIGS[64]
+
+
+@triton.jit
+def _round_bf16(x):
+    """fp32 -> nearest-even bf16 value, kept in fp32 (interpreter stand-in for .to(bf16))."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_to_f32(code):
+    """int32 E2M1 codes (0..15) -> fp32 values, from the bits: 1 sign, 2 exponent, 1 mantissa bit."""
+    em = code & 7
+    # em >= 2: exponent (em >> 1) - 1, mantissa bit em & 1 -> fp32 bits (em << 22) + (126 << 23).
+    # em == 1 is the subnormal 0.5 (= 126 << 23), em == 0 is zero.
+    bits = tl.where(em >= 2, (em << 22) + (126 << 23), tl.where(em == 1, 126 << 23, 0))
+    bits = bits | ((code & 8) << 28)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _scale_to_f32(s, SCALE_F32: tl.constexpr):
+    """Scales as loaded -> fp32 2^(e-127): E8M0 bytes by their bits (0 -> 2^-127, 255 -> NaN)."""
+    if SCALE_F32:
+        return s
+    e = s.to(tl.int32)
+    bits = tl.where(e == 0, 0x00400000, tl.where(e == 255, 0x7FC00000, e << 23))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_tile(b_ptrs, s_ptrs, mask, s_mask, GROUPS: tl.constexpr, HALF_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SCALE_F32: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """Byte tile [HALF_K, BLOCK_N] + scales [GROUPS, BLOCK_N] -> (even-column, odd-column) weights."""
+    b = tl.load(b_ptrs, mask=mask, other=0).to(tl.int32)
+    s = _scale_to_f32(tl.load(s_ptrs, mask=s_mask, other=0), SCALE_F32)
+    # One scale per 16 bytes (32 columns): broadcast [GROUPS, 1, N] -> [GROUPS, 16, N] -> [HALF_K, N].
+    s_full = tl.reshape(tl.broadcast_to(s[:, None, :], (GROUPS, 16, BLOCK_N)), (HALF_K, BLOCK_N))
+    w_lo = _e2m1_to_f32(b & 15) * s_full
+    w_hi = _e2m1_to_f32(b >> 4) * s_full
+    if EMULATE_BF16:
+        return w_lo, w_hi
+    # Exact: code x 2^k has at most two significant bits.
+    return w_lo.to(tl.bfloat16), w_hi.to(tl.bfloat16)
+
+
+@triton.jit
+def _mxfp4_moe_gate_up_kernel(
+        x_ptr, w_ptr, s_ptr, act_ptr, sorted_ptr, expert_ptr, post_ptr,
+        num_slots, topk, H, INTER, limit,
+        s_xt, s_we, s_wn, s_se, s_sn, s_at,
+        CLAMP: tl.constexpr, SCALE_F32: tl.constexpr, EMULATE_BF16: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """act[slot, n] = bf16(silu(clamp(g)) * clamp(u)) for one BLOCK_M block of one expert's slots."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    post = tl.load(post_ptr)
+    if pid_m * BLOCK_M >= post:
+        return
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    if e < 0:
+        return  # invalid ids: the down kernel writes their zeros
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ptr + rows).to(tl.int64)
+    valid = slot < num_slots
+    tok = slot // topk
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < INTER
+    offs_j = tl.arange(0, HALF_K)
+    offs_g = tl.arange(0, GROUPS)
+    x_rows = x_ptr + tok[:, None] * s_xt
+    gate_b = w_ptr + e * s_we + offs_n[None, :].to(tl.int64) * s_wn
+    up_b = gate_b + INTER * s_wn
+    gate_s = s_ptr + e * s_se + offs_n[None, :].to(tl.int64) * s_sn
+    up_s = gate_s + INTER * s_sn
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    half_h = H // 2
+    for k0 in range(0, H, BLOCK_K):
+        j = k0 // 2 + offs_j
+        j_mask = j < half_h
+        g = k0 // 32 + offs_g
+        g_mask = g < H // 32
+        xm = valid[:, None] & j_mask[None, :]
+        x_even = tl.load(x_rows + 2 * j[None, :], mask=xm, other=0.0)
+        x_odd = tl.load(x_rows + 2 * j[None, :] + 1, mask=xm, other=0.0)
+        bm = j_mask[:, None] & n_mask[None, :]
+        sm = g_mask[:, None] & n_mask[None, :]
+        wg_lo, wg_hi = _dequant_tile(gate_b + j[:, None], gate_s + g[:, None], bm, sm,
+                                     GROUPS, HALF_K, BLOCK_N, SCALE_F32, EMULATE_BF16)
+        wu_lo, wu_hi = _dequant_tile(up_b + j[:, None], up_s + g[:, None], bm, sm,
+                                     GROUPS, HALF_K, BLOCK_N, SCALE_F32, EMULATE_BF16)
+        if EMULATE_BF16:
+            x_even = x_even.to(tl.float32)
+            x_odd = x_odd.to(tl.float32)
+        acc_g += tl.dot(x_even, wg_lo, out_dtype=tl.float32)
+        acc_g += tl.dot(x_odd, wg_hi, out_dtype=tl.float32)
+        acc_u += tl.dot(x_even, wu_lo, out_dtype=tl.float32)
+        acc_u += tl.dot(x_odd, wu_hi, out_dtype=tl.float32)
+    if CLAMP:
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
+    act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    if EMULATE_BF16:
+        act = _round_bf16(act)
+    tl.store(act_ptr + slot[:, None] * s_at + offs_n[None, :], act.to(act_ptr.dtype.element_ty),
+             mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _mxfp4_moe_down_kernel(
+        act_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, expert_ptr, post_ptr,
+        num_slots, H, INTER,
+        s_at, s_we, s_wn, s_se, s_sn, s_yt,
+        SCALE_F32: tl.constexpr, EMULATE_BF16: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[slot, n] = bf16(topk_weight[slot] * act[slot] @ W2[e, n]^T); zeros for expert -1 blocks."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    post = tl.load(post_ptr)
+    if pid_m * BLOCK_M >= post:
+        return
+    e = tl.load(expert_ptr + pid_m).to(tl.int64)
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    GROUPS: tl.constexpr = BLOCK_K // 32
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slot = tl.load(sorted_ptr + rows).to(tl.int64)
+    valid = slot < num_slots
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < H
+    y_ptrs = y_ptr + slot[:, None] * s_yt + offs_n[None, :]
+    y_mask = valid[:, None] & n_mask[None, :]
+    if e < 0:
+        tl.store(y_ptrs, tl.zeros([BLOCK_M, BLOCK_N], dtype=y_ptr.dtype.element_ty), mask=y_mask)
+        return
+    offs_j = tl.arange(0, HALF_K)
+    offs_g = tl.arange(0, GROUPS)
+    a_rows = act_ptr + slot[:, None] * s_at
+    w_b = w_ptr + e * s_we + offs_n[None, :].to(tl.int64) * s_wn
+    w_s = s_ptr + e * s_se + offs_n[None, :].to(tl.int64) * s_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    half_i = INTER // 2
+    for k0 in range(0, INTER, BLOCK_K):
+        j = k0 // 2 + offs_j
+        j_mask = j < half_i
+        g = k0 // 32 + offs_g
+        g_mask = g < INTER // 32
+        am = valid[:, None] & j_mask[None, :]
+        a_even = tl.load(a_rows + 2 * j[None, :], mask=am, other=0.0)
+        a_odd = tl.load(a_rows + 2 * j[None, :] + 1, mask=am, other=0.0)
+        w_lo, w_hi = _dequant_tile(w_b + j[:, None], w_s + g[:, None], j_mask[:, None] & n_mask[None, :],
+                                   g_mask[:, None] & n_mask[None, :], GROUPS, HALF_K, BLOCK_N, SCALE_F32,
+                                   EMULATE_BF16)
+        if EMULATE_BF16:
+            a_even = a_even.to(tl.float32)
+            a_odd = a_odd.to(tl.float32)
+        acc += tl.dot(a_even, w_lo, out_dtype=tl.float32)
+        acc += tl.dot(a_odd, w_hi, out_dtype=tl.float32)
+    tw = tl.load(tw_ptr + slot, mask=valid, other=0.0).to(tl.float32)
+    y = acc * tw[:, None]
+    if EMULATE_BF16:
+        y = _round_bf16(y)
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=y_mask)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _scale_view(scale: torch.Tensor, name: str) -> tuple[torch.Tensor, bool]:
+    """(tensor the kernel reads, whether it holds fp32 values) for E8M0 bytes or fp32 scales."""
+    if scale.dtype == torch.float32:
+        return scale, True
+    if scale.dtype in (torch.uint8, torch.float8_e8m0fnu):
+        return scale.view(torch.uint8), False
+    raise ValueError(f"mxfp4_moe: {name} must be uint8 / float8_e8m0fnu (E8M0 bytes) or float32, "
+                     f"got {scale.dtype}")
+
+
+def _check(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+           w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[int, int, int]:
+    """Validate shapes and dtypes; returns (E, H, I)."""
+    if hidden.dim() != 2 or hidden.dtype != torch.bfloat16:
+        raise ValueError(f"mxfp4_moe: hidden must be bf16 [T, H], got {hidden.dtype} {tuple(hidden.shape)}")
+    t, h = hidden.shape
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.dim() != 3 or w.dtype not in (torch.uint8, torch.int8):
+            raise ValueError(f"mxfp4_moe: {name} must be packed uint8/int8 [E, N, K/2], got {w.dtype} "
+                             f"{tuple(w.shape)}")
+    e, two_i, half_h = w13.shape
+    if 2 * half_h != h or h % MXFP4_GROUP:
+        raise ValueError(f"mxfp4_moe: w13 {tuple(w13.shape)} needs last dim H/2 with H = {h} a multiple of 32")
+    if two_i % 2:
+        raise ValueError(f"mxfp4_moe: w13 rows {two_i} are not gate + up halves")
+    i = two_i // 2
+    if i % MXFP4_GROUP:
+        raise ValueError(f"mxfp4_moe: intermediate size {i} (w13 rows / 2) must be a multiple of 32")
+    if tuple(w2.shape) != (e, h, i // 2):
+        raise ValueError(f"mxfp4_moe: w2 {tuple(w2.shape)} should be {(e, h, i // 2)} for w13 {tuple(w13.shape)}")
+    if tuple(w13_scale.shape) != (e, two_i, h // MXFP4_GROUP):
+        raise ValueError(f"mxfp4_moe: w13_scale {tuple(w13_scale.shape)} should be {(e, two_i, h // MXFP4_GROUP)}")
+    if tuple(w2_scale.shape) != (e, h, i // MXFP4_GROUP):
+        raise ValueError(f"mxfp4_moe: w2_scale {tuple(w2_scale.shape)} should be {(e, h, i // MXFP4_GROUP)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != t or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"mxfp4_moe: topk_ids must be int32/int64 [T={t}, k], got {topk_ids.dtype} "
+                         f"{tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape) or not topk_weights.is_floating_point():
+        raise ValueError(f"mxfp4_moe: topk_weights {topk_weights.dtype} {tuple(topk_weights.shape)} must be "
+                         f"floating point shaped like topk_ids {tuple(topk_ids.shape)}")
+    for name, x in (("w13", w13), ("w2", w2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
+                    ("hidden", hidden)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"mxfp4_moe: {name} must have a contiguous last dim (stride {x.stride()})")
+    return e, h, i
+
+
+def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+              w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              swiglu_limit: float | None = None, routed_scaling_factor: float = 1.0,
+              config: MoeConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Routed-expert MoE output [T, H] bf16 for MXFP4 experts (layout in the module docstring).
+
+    Runs the Triton kernels on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1; there is
+    no silent fallback (mxfp4_moe_ref is the torch reference). ``config`` overrides the tiles.
+    """
+    e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
+    if not (hidden.is_cuda or _interpreting()):
+        raise RuntimeError("mxfp4_moe: Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tests); "
+                           "use mxfp4_moe_ref for a torch computation")
+    s13, s13_f32 = _scale_view(w13_scale, "w13_scale")
+    s2, s2_f32 = _scale_view(w2_scale, "w2_scale")
+    if s13_f32 != s2_f32:
+        raise ValueError("mxfp4_moe: w13_scale and w2_scale must both be E8M0 bytes or both float32")
+    t, topk = topk_ids.shape
+    if out is None:
+        out = torch.empty(t, h, dtype=torch.bfloat16, device=hidden.device)
+    elif tuple(out.shape) != (t, h) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise ValueError(f"mxfp4_moe: out must be bf16 [{t}, {h}] with contiguous rows")
+    if t == 0:
+        return out
+    numel = t * topk
+    cfg = config or pick_config(numel, e)
+    if cfg.block_k % MXFP4_GROUP or cfg.block_m < 16 or cfg.block_n < 16:
+        raise ValueError(f"mxfp4_moe: bad config {cfg} (block_k a multiple of 32, block_m/n >= 16)")
+    bm = cfg.block_m
+    dev = hidden.device
+    # Worst case: every expert bucket (E real + 1 invalid) padded up by bm - 1, but never more
+    # than one block per slot (SGLang's bound); the grid covers it, unused blocks exit at once.
+    cap = min(numel + (e + 1) * (bm - 1), numel * bm)
+    n_blocks = triton.cdiv(cap, bm)
+    sorted_ids = torch.full((n_blocks * bm,), numel, dtype=torch.int32, device=dev)
+    expert_ids = torch.full((n_blocks,), -1, dtype=torch.int32, device=dev)
+    post = torch.empty(1, dtype=torch.int32, device=dev)
+    moe_align_block_size_ref(topk_ids, e + 1, bm, sorted_ids, expert_ids, post, None)
+    w13u = w13.view(torch.uint8)
+    w2u = w2.view(torch.uint8)
+    tw = topk_weights.to(torch.float32).reshape(-1).contiguous()
+    act = torch.empty(numel, i, dtype=torch.bfloat16, device=dev)
+    y = torch.empty(numel, h, dtype=torch.bfloat16, device=dev)
+    emulate = _interpreting()
+    limit = float(swiglu_limit) if swiglu_limit else 0.0
+    _mxfp4_moe_gate_up_kernel[(n_blocks, triton.cdiv(i, cfg.block_n))](
+        hidden, w13u, s13, act, sorted_ids, expert_ids, post, numel, topk, h, i, limit,
+        hidden.stride(0), w13u.stride(0), w13u.stride(1), s13.stride(0), s13.stride(1), act.stride(0),
+        CLAMP=bool(swiglu_limit), SCALE_F32=s13_f32, EMULATE_BF16=emulate,
+        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    _mxfp4_moe_down_kernel[(n_blocks, triton.cdiv(h, cfg.block_n))](
+        act, w2u, s2, y, tw, sorted_ids, expert_ids, post, numel, h, i,
+        act.stride(0), w2u.stride(0), w2u.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
+        SCALE_F32=s2_f32, EMULATE_BF16=emulate,
+        BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
+    if emulate:
+        # The interpreter truncates fp32 -> bf16 stores: sum in fp32, round with torch.
+        tmp = torch.empty(t, h, dtype=torch.float32, device=dev)
+        moe_sum_triton(y.view(t, topk, h), tmp, routed_scaling_factor)
+        out.copy_(tmp)
+    else:
+        moe_sum_triton(y.view(t, topk, h), out, routed_scaling_factor)
+    return out
+
+
+def dequantize_mxfp4_ref(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Packed [..., N, K/2] codes + scales [..., N, K/32] (E8M0 bytes or fp32 values) -> `dtype` [..., N, K]."""
+    u = packed.view(torch.uint8)
+    codes = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).long()
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)
+    if scale.dtype == torch.float32:
+        s = scale.to(torch.float64)
+    else:
+        e8 = scale.view(torch.uint8).to(torch.float64)
+        s = torch.where(e8 == 255, torch.full_like(e8, float("nan")), torch.exp2(e8 - 127))
+    if s.shape[-1] * MXFP4_GROUP != codes.shape[-1]:
+        raise ValueError(f"MXFP4 scale shape {tuple(scale.shape)} does not fit packed weight {tuple(packed.shape)}")
+    return (table[codes] * s.repeat_interleave(MXFP4_GROUP, dim=-1)).to(dtype)
+
+
+def mxfp4_moe_ref(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                  w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                  swiglu_limit: float | None = None, routed_scaling_factor: float = 1.0,
+                  dtype: torch.dtype = torch.float64, round_like_kernel: bool = False) -> torch.Tensor:
+    """Plain torch reference: dequantize each routed expert, matmul in `dtype`, result in `dtype`.
+
+    round_like_kernel rounds to bf16 where the kernel stores bf16 (act, weighted slot output, final
+    sum); without it nothing is rounded (the exact result the kernel approximates).
+    """
+    def rnd(v: torch.Tensor) -> torch.Tensor:
+        return v.to(torch.bfloat16).to(dtype) if round_like_kernel else v
+
+    t, h = hidden.shape
+    e = w13.shape[0]
+    i = w13.shape[1] // 2
+    x = hidden.to(dtype)
+    acc = torch.zeros(t, h, dtype=dtype, device=hidden.device)
+    for ex in torch.unique(topk_ids).tolist():
+        if ex < 0 or ex >= e:
+            continue
+        tok, slot = torch.nonzero(topk_ids == ex, as_tuple=True)
+        gu = x[tok] @ dequantize_mxfp4_ref(w13[ex], w13_scale[ex], dtype).T
+        g, u = gu[:, :i], gu[:, i:]
+        if swiglu_limit:
+            g = g.clamp(max=swiglu_limit)
+            u = u.clamp(min=-swiglu_limit, max=swiglu_limit)
+        act = rnd(torch.nn.functional.silu(g) * u)
+        yk = rnd((act @ dequantize_mxfp4_ref(w2[ex], w2_scale[ex], dtype).T) * topk_weights[tok, slot, None].to(dtype))
+        acc.index_add_(0, tok, yk)
+    return rnd(acc * routed_scaling_factor)
