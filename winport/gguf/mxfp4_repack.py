@@ -14,16 +14,25 @@ delta-swap stages (nibbles within 16 bits, bytes within 32, 16-bit units within 
 swap exchanges w0's high half with w1's low half. Every step is a whole-array uint64 operation
 (numpy, vectorized, no Python loop per block); the only strided access is one copy of the payload
 words out of the 17-byte blocks (through an unaligned numpy view) and one of the exponent bytes.
-Row chunks are sized to stay in the CPU's L2 cache and run on a thread pool (numpy releases the
-GIL in these loops).
+Row chunks are sized to stay in the CPU's L2 cache and run on a thread pool.
+
+Why it scales with threads: numpy releases the GIL inside each of these array loops but holds it
+while it sets a call up (argument parsing, type resolution, ~0.5-1 us). A work item is 24 such
+calls, so it holds the GIL for ~12 us per item (shift amounts and masks are 0-d arrays and ``out``
+is positional: numpy scalars as operands cost ~1.1 us per call instead of ~0.7 us); items of 32768
+blocks (557 kB of source, ~450 us of work on one core) keep the serial share near 3%. Items of
+8192 blocks with scalar operands held it ~40 us of ~125 us (about 30%), which capped the pool
+near 3x however many threads it had. Work items of several expert matrices are pooled in one call
+(:func:`gguf_mxfp4_into_many`), so one expert smaller than threads x item still fills every thread.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -38,18 +47,23 @@ E2M1_VALUES = np.array(
     dtype=np.float64,
 )
 
-_U = np.uint64
+def _c(v: int) -> np.ndarray:
+    """A uint64 constant as a 0-d array: numpy takes these ~35% faster per call than numpy scalars."""
+    return np.array(v, dtype=np.uint64)
+
+
 # (shift, mask of the lower field of each swapped pair): nibble 1<->2 of every 16 bits, byte
 # 1<->2 of every 32 bits, 16-bit unit 1<->2 of every 64 bits.
 _UNZIP_STAGES = (
-    (_U(4), _U(0x00F000F000F000F0)),
-    (_U(8), _U(0x0000FF000000FF00)),
-    (_U(16), _U(0x00000000FFFF0000)),
+    (_c(4), _c(0x00F000F000F000F0)),
+    (_c(8), _c(0x0000FF000000FF00)),
+    (_c(16), _c(0x00000000FFFF0000)),
 )
-_LOW32 = _U(0xFFFFFFFF)
-_S32 = _U(32)
-# Blocks per work item: 8192 blocks = 139 kB of source, 4 x 64 kB of uint64 scratch (fits L2).
-_CHUNK_BLOCKS = int(os.environ.get("WINPORT_GGUF_REPACK_CHUNK", 8192))
+_LOW32 = _c(0xFFFFFFFF)
+_S32 = _c(32)
+# Blocks per work item: 32768 blocks = 557 kB of source and 2 x 512 kB of uint64 scratch (L2-sized
+# on current desktop and server cores); see the module docstring for why not smaller.
+_CHUNK_BLOCKS = int(os.environ.get("WINPORT_GGUF_REPACK_CHUNK", 32768))
 
 _pool: ThreadPoolExecutor | None = None
 _threads: int | None = None  # torch's intra-op thread count, read once (see parallel_chunks)
@@ -76,32 +90,59 @@ def conversion_threads() -> int:
 def parallel_chunks(n: int, step: int, fn: Callable[[int, int], None]) -> None:
     """Run ``fn(start, stop)`` over [0, n) in pieces of ``step`` on the conversion thread pool.
 
-    Small jobs (one piece) or one thread run inline. Exceptions propagate to the caller.
+    Small jobs (one piece) or one thread run inline. The calling thread works too (it would only
+    wait otherwise), and every thread takes the next piece from a shared counter, so a call costs
+    ``threads - 1`` task submissions however many pieces it has. Exceptions propagate to the
+    caller once every thread has stopped (no piece is left running behind the caller's back).
     """
     global _pool
     pieces = [(i, min(n, i + step)) for i in range(0, n, step)]
-    threads = conversion_threads()
-    if len(pieces) <= 1 or threads <= 1:
+    threads = min(conversion_threads(), len(pieces))
+    if threads <= 1:
         for a, b in pieces:
             fn(a, b)
         return
     with _pool_lock:
-        if _pool is None or _pool._max_workers != threads:  # noqa: SLF001 - resize on thread change
+        if _pool is None or _pool._max_workers < threads - 1:  # noqa: SLF001 - grow on thread change
             if _pool is not None:
                 _pool.shutdown(wait=False)
-            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="winport-gguf")
+            _pool = ThreadPoolExecutor(max_workers=threads - 1, thread_name_prefix="winport-gguf")
         pool = _pool
+    counter = itertools.count()  # next() on it is atomic under the GIL
+    failed = threading.Event()
+
+    def drain() -> None:
+        for i in counter:
+            if i >= len(pieces) or failed.is_set():
+                return
+            try:
+                fn(*pieces[i])
+            except BaseException:
+                failed.set()
+                raise
+
     torch = _torch_or_none()
     prev = torch.get_num_threads() if torch is not None else 1
     if torch is not None and prev > 1:
         # The pool is the parallelism: each torch op of a work item runs on its own thread. Without
         # this every op (above ATen's 32768-value grain) would also start an OpenMP team per pool
         # thread, oversubscribing the cores; measured 10x slower when other processes hold cores.
-        # Process-wide while the pool runs (the calling thread only waits); restored after.
+        # Process-wide while the pool runs; restored after.
         torch.set_num_threads(1)
     try:
-        for fut in [pool.submit(fn, a, b) for a, b in pieces]:
-            fut.result()
+        futs = [pool.submit(drain) for _ in range(threads - 1)]
+        err: BaseException | None = None
+        try:
+            drain()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the workers stopped
+            err = e
+        for fut in futs:
+            try:
+                fut.result()
+            except BaseException as e:  # noqa: BLE001
+                err = err or e
+        if err is not None:
+            raise err
     finally:
         if torch is not None and prev > 1:
             torch.set_num_threads(prev)
@@ -143,25 +184,27 @@ def _repack_blocks(src: np.ndarray, out64: np.ndarray, out_s: np.ndarray) -> Non
         buf = _scratch.buf = np.empty((2, max(m, _CHUNK_BLOCKS)), dtype=np.uint64)
         _scratch.tmp = np.empty_like(buf)
     x, t = buf[:, :m], _scratch.tmp[:, :m]
+    # ``out`` positional everywhere: the keyword costs parsing time, and that time holds the GIL.
+    rshift, lshift, xor, band = np.right_shift, np.left_shift, np.bitwise_xor, np.bitwise_and
     # Plane 0 = payload bytes 0-7 of every block, plane 1 = bytes 8-15 (unaligned strided view).
     words = np.ndarray((2, m), dtype="<u8", buffer=src, offset=1, strides=(8, MXFP4_BLOCK_BYTES))
     np.copyto(x, words)
-    for s, mask in _UNZIP_STAGES:
-        np.right_shift(x, s, out=t)
-        np.bitwise_xor(t, x, out=t)
-        np.bitwise_and(t, mask, out=t)
-        np.bitwise_xor(x, t, out=x)
-        np.left_shift(t, s, out=t)
-        np.bitwise_xor(x, t, out=x)
+    for s, mask in _UNZIP_STAGES:  # delta swap: t = ((x >> s) ^ x) & mask; x ^= t ^ (t << s)
+        rshift(x, s, t)
+        xor(t, x, t)
+        band(t, mask, t)
+        xor(x, t, x)
+        lshift(t, s, t)
+        xor(x, t, x)
     # Now each word is (low nibbles of its 8 bytes) | (high nibbles) << 32. Swap w0's high half
     # with w1's low half, writing straight into the output's two words per block.
     x0, x1, t0 = x[0], x[1], t[0]
-    np.right_shift(x0, _S32, out=t0)
-    np.bitwise_xor(t0, x1, out=t0)
-    np.bitwise_and(t0, _LOW32, out=t0)
-    np.bitwise_xor(x1, t0, out=out64[:, 1])
-    np.left_shift(t0, _S32, out=t0)
-    np.bitwise_xor(x0, t0, out=out64[:, 0])
+    rshift(x0, _S32, t0)
+    xor(t0, x1, t0)
+    band(t0, _LOW32, t0)
+    xor(x1, t0, out64[:, 1])
+    lshift(t0, _S32, t0)
+    xor(x0, t0, out64[:, 0])
     np.copyto(out_s, src.reshape(m, MXFP4_BLOCK_BYTES)[:, 0])
 
 
@@ -173,28 +216,43 @@ def gguf_mxfp4_into(raw: np.ndarray, out_packed: np.ndarray, out_scales: np.ndar
     ``out_packed`` / ``out_scales``: contiguous uint8 arrays of n*16 and n bytes; ``out_packed``
     must be 8-byte aligned (fresh numpy/torch allocations are).
     """
-    src = np.asarray(raw, dtype=np.uint8).reshape(-1)
-    n = src.size // MXFP4_BLOCK_BYTES
-    if src.size != n * MXFP4_BLOCK_BYTES or out_packed.size != 16 * n or out_scales.size != n:
-        raise ValueError(f"MXFP4 repack: {src.size} source bytes, {out_packed.size} + {out_scales.size} output bytes")
-    p = out_packed.reshape(-1)
-    s = out_scales.reshape(-1)
-    if sys.byteorder != "little" or not (p.flags.c_contiguous and s.flags.c_contiguous) or p.ctypes.data % 8:
-        # The word trick assumes little-endian, aligned, contiguous output: plain path otherwise.
-        packed, scales = _repack_plain(src, n)
-        p[:] = packed.reshape(-1)
-        s[:] = scales.reshape(-1)
-        return
-    out64 = p.view(np.uint64).reshape(n, 2)
+    gguf_mxfp4_into_many([(raw, out_packed, out_scales)], parallel=parallel)
 
-    def work(a: int, b: int) -> None:
-        _repack_blocks(src[a * MXFP4_BLOCK_BYTES : b * MXFP4_BLOCK_BYTES], out64[a:b], s[a:b])
+
+def gguf_mxfp4_into_many(jobs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], *,
+                         parallel: bool = True) -> None:
+    """:func:`gguf_mxfp4_into` for several (raw, out_packed, out_scales) jobs in one pool call.
+
+    Every job is checked before any is converted; the work items of all jobs share the pool, so
+    small matrices (one expert each) still keep every thread busy.
+    """
+    checked = []
+    for k, (raw, out_packed, out_scales) in enumerate(jobs):
+        src = np.asarray(raw, dtype=np.uint8).reshape(-1)
+        n = src.size // MXFP4_BLOCK_BYTES
+        if src.size != n * MXFP4_BLOCK_BYTES or out_packed.size != 16 * n or out_scales.size != n:
+            raise ValueError(f"MXFP4 repack (job {k}): {src.size} source bytes, "
+                             f"{out_packed.size} + {out_scales.size} output bytes")
+        checked.append((src, n, out_packed.reshape(-1), out_scales.reshape(-1)))
+    items: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, int]] = []
+    for src, n, p, s in checked:
+        if sys.byteorder != "little" or not (p.flags.c_contiguous and s.flags.c_contiguous) or p.ctypes.data % 8:
+            # The word trick assumes little-endian, aligned, contiguous output: plain path otherwise.
+            packed, scales = _repack_plain(src, n)
+            p[:] = packed.reshape(-1)
+            s[:] = scales.reshape(-1)
+            continue
+        out64 = p.view(np.uint64).reshape(n, 2)
+        items += [(src, out64, s, a, min(n, a + _CHUNK_BLOCKS)) for a in range(0, n, _CHUNK_BLOCKS)]
+
+    def work(i0: int, i1: int) -> None:
+        for src, out64, s, a, b in items[i0:i1]:
+            _repack_blocks(src[a * MXFP4_BLOCK_BYTES : b * MXFP4_BLOCK_BYTES], out64[a:b], s[a:b])
 
     if parallel:
-        parallel_chunks(n, _CHUNK_BLOCKS, work)
+        parallel_chunks(len(items), 1, work)
     else:
-        for a in range(0, n, _CHUNK_BLOCKS):
-            work(a, min(n, a + _CHUNK_BLOCKS))
+        work(0, len(items))
 
 
 def _repack_plain(src: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
