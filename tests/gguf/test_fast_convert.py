@@ -193,3 +193,71 @@ def test_q8_0_to_bf16_equals_reference(tmp_path: Path, rng: np.random.Generator,
         out = cv.to_float(m["w"])
     assert out.dtype == torch.bfloat16 and tuple(out.shape) == (n, k)
     np.testing.assert_array_equal(out.view(torch.int16).numpy(), ref.view(torch.int16).numpy())
+
+
+# ---------------------------------------------------------------- pooling and filtering (issue 6)
+def test_mxfp4_into_many_equals_reference(rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several matrices of different sizes in one pool call; every job checked before any is written."""
+    monkeypatch.setattr(mxfp4_repack, "_CHUNK_BLOCKS", 29)  # ragged items spanning job boundaries
+    monkeypatch.setenv("WINPORT_GGUF_THREADS", "3")
+    shapes = [(5, 64), (1, 32), (33, 160), (12, 96)]
+    raws = [mxfp4_blocks(rng, r * c // 32) for r, c in shapes]
+    outs = [(np.full((r, c // 2), 0xA5, np.uint8), np.full((r, c // 32), 0xA5, np.uint8)) for r, c in shapes]
+    bad = [(raw, p, s) for raw, (p, s) in zip(raws, outs, strict=True)]
+    bad[2] = (raws[2][:-1], *outs[2])  # one short job: nothing may be converted
+    with pytest.raises(ValueError, match=r"MXFP4 repack \(job 2\)"):
+        mxfp4_repack.gguf_mxfp4_into_many(bad)
+    assert all((p == 0xA5).all() and (s == 0xA5).all() for p, s in outs)
+    mxfp4_repack.gguf_mxfp4_into_many([(raw, p, s) for raw, (p, s) in zip(raws, outs, strict=True)])
+    for raw, (r, c), (p, s) in zip(raws, shapes, outs, strict=True):
+        rp, rs = ref_mxfp4_to_kt(raw, r, c)
+        np.testing.assert_array_equal(p, rp)
+        np.testing.assert_array_equal(s, rs)
+
+
+def test_parallel_chunks_covers_once_and_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every piece runs exactly once across the pool and the calling thread; a worker's exception
+    reaches the caller after all threads stopped."""
+    monkeypatch.setenv("WINPORT_GGUF_THREADS", "4")
+    hits = np.zeros(1000, dtype=np.int64)
+
+    def fn(a: int, b: int) -> None:
+        hits[a:b] += 1
+
+    mxfp4_repack.parallel_chunks(1000, 7, fn)
+    np.testing.assert_array_equal(hits, 1)
+
+    def boom(a: int, b: int) -> None:
+        if a == 70:
+            raise RuntimeError("piece 70 failed")
+
+    with pytest.raises(RuntimeError, match="piece 70"):
+        mxfp4_repack.parallel_chunks(1000, 7, boom)
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_experts_grouped_and_filtered(tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
+                                      threads: str) -> None:
+    """Experts converted in groups (several per pool call), filtered ones never converted."""
+    monkeypatch.setattr(mxfp4_repack, "_CHUNK_BLOCKS", 40)
+    monkeypatch.setenv("WINPORT_GGUF_THREADS", threads)
+    e, n, k = 7, 20, 64  # 40 blocks per expert: groups of 2 (1 thread) or 6 (3 threads)
+    raw = mxfp4_blocks(rng, e * n * k // 32)
+    calls: list[int] = []
+    real = cv.gguf_mxfp4_into_many
+
+    def spy(jobs, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append(len(jobs))
+        return real(jobs, **kw)
+
+    monkeypatch.setattr(cv, "gguf_mxfp4_into_many", spy)
+    keep = {0, 2, 3, 6}
+    with _tensor_file(tmp_path, "MXFP4", (e, n, k), raw) as m:
+        got = list(cv.iter_mxfp4_experts(m["w"], lambda i: i in keep))
+    assert [g[0] for g in got] == sorted(keep)
+    assert sum(calls) == len(keep) and max(calls) > 1  # only kept experts converted, pooled
+    rows = raw.reshape(e, n, -1)
+    for i, packed, scales in got:
+        rp, rs = ref_mxfp4_to_kt(rows[i], n, k)
+        np.testing.assert_array_equal(packed, rp)
+        np.testing.assert_array_equal(scales, rs)

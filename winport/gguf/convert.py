@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from . import mxfp4_repack
 from . import names as _names
 from .dequant import E4M3FN_VALUES, dequantize
-from .mxfp4_repack import gguf_mxfp4_into, parallel_chunks
+from .mxfp4_repack import conversion_threads, gguf_mxfp4_into_many, parallel_chunks
 from .reader import GGUFError, GGUFModel, GGUFTensor, open_gguf, shard_paths, to_torch
 
 FP8_E4M3_MAX = 448.0
@@ -267,22 +268,35 @@ def e8m0_tensor(arr: np.ndarray) -> Any:
     return u8.view(dt) if dt is not None else u8
 
 
-def iter_mxfp4_experts(t: GGUFTensor) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+def iter_mxfp4_experts(
+    t: GGUFTensor, keep: Callable[[int], bool] | None = None
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(expert, packed uint8 [N, K/2], E8M0 uint8 [N, K/32]) per expert of an MXFP4 [E, N, K].
 
-    Each expert is repacked straight from the memory map into its own output arrays (threaded,
-    winport.gguf.mxfp4_repack) and its source pages are dropped before the next one.
+    ``keep(expert)``: convert and yield only the experts it accepts (the others are skipped, not
+    converted). Experts are repacked straight from the memory map into their own output arrays, a
+    few at a time in one pool call (winport.gguf.mxfp4_repack.gguf_mxfp4_into_many: enough work
+    items for every conversion thread even when one expert is smaller than threads x work item),
+    and the group's source pages are dropped before the next group.
     """
     if t.type.name != "MXFP4" or len(t.ggml_dims) != 3:
         raise GGUFError(f"{t.path}: tensor {t.name!r}: expected 3-D MXFP4 experts, got {t.type.name} {t.shape}")
     e_count, n, k = t.shape
     rows = t.raw_rows()
-    for e in range(e_count):
-        packed = np.empty((n, k // 2), dtype=np.uint8)
-        scales = np.empty((n, k // 32), dtype=np.uint8)
-        gguf_mxfp4_into(rows[e * n : (e + 1) * n], packed, scales)
-        _release_rows(t, e * n, (e + 1) * n)
-        yield e, packed, scales
+    blocks = max(1, n * k // 32)
+    # Two work items per thread per group; at most ~256 MB of outputs converted ahead of the caller.
+    group = max(1, min(-(-2 * conversion_threads() * mxfp4_repack._CHUNK_BLOCKS // blocks),  # noqa: SLF001
+                       (256 << 20) // (blocks * 17)))
+    for g0 in range(0, e_count, group):
+        g1 = min(e_count, g0 + group)
+        todo = [e for e in range(g0, g1) if keep is None or keep(e)]
+        outs = [(np.empty((n, k // 2), dtype=np.uint8), np.empty((n, k // 32), dtype=np.uint8)) for _ in todo]
+        if todo:
+            gguf_mxfp4_into_many([(rows[e * n : (e + 1) * n], p, s) for e, (p, s) in zip(todo, outs, strict=True)])
+        _release_rows(t, g0 * n, g1 * n)
+        for e, (p, s) in zip(todo, outs, strict=True):
+            yield e, p, s
+        del outs
     t.release()
 
 
@@ -648,11 +662,12 @@ def _stream(
                 yield target, torch.from_numpy(np.array(t.plain()))
             elif m.role == "experts":
                 if t.type.name == "MXFP4":
-                    for e, packed, scales in iter_mxfp4_experts(t):
-                        if expert_filter is None or expert_filter(m.layer or 0, e):
-                            base = target.replace("{E}", str(e))
-                            yield base + ".weight", torch.from_numpy(packed)
-                            yield base + ".scale", e8m0_tensor(scales)
+                    layer = m.layer or 0
+                    keep = None if expert_filter is None else (lambda e, layer=layer: expert_filter(layer, e))
+                    for e, packed, scales in iter_mxfp4_experts(t, keep):  # filtered ones never converted
+                        base = target.replace("{E}", str(e))
+                        yield base + ".weight", torch.from_numpy(packed)
+                        yield base + ".scale", e8m0_tensor(scales)
                 else:
                     # Non-MXFP4 experts (other quant mixes): dequantize one expert at a time.
                     e_count = t.shape[0]
