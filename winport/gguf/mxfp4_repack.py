@@ -95,13 +95,31 @@ def parallel_chunks(n: int, step: int, fn: Callable[[int, int], None]) -> None:
     ``threads - 1`` task submissions however many pieces it has. Exceptions propagate to the
     caller once every thread has stopped (no piece is left running behind the caller's back).
     """
-    global _pool
     pieces = [(i, min(n, i + step)) for i in range(0, n, step)]
     threads = min(conversion_threads(), len(pieces))
-    if threads <= 1:
-        for a, b in pieces:
-            fn(a, b)
-        return
+    torch = _torch_or_none()
+    prev = torch.get_num_threads() if torch is not None else 1
+    if torch is not None and prev > 1:
+        # The pool is the parallelism: each torch op of a work item runs on its own thread. Without
+        # this every op (above ATen's 32768-value grain) would also start an OpenMP team per pool
+        # thread, oversubscribing the cores; measured 10x slower when other processes hold cores.
+        # Also when running inline: one conversion thread means one thread (WINPORT_GGUF_THREADS=1
+        # is how the thread-scaling benchmark gets its baseline). Process-wide; restored after.
+        torch.set_num_threads(1)
+    try:
+        if threads <= 1:
+            for a, b in pieces:
+                fn(a, b)
+        else:
+            _run_pool(pieces, threads, fn)
+    finally:
+        if torch is not None and prev > 1:
+            torch.set_num_threads(prev)
+
+
+def _run_pool(pieces: list[tuple[int, int]], threads: int, fn: Callable[[int, int], None]) -> None:
+    """``fn`` over ``pieces`` on ``threads`` threads (the caller's included); see parallel_chunks."""
+    global _pool
     with _pool_lock:
         if _pool is None or _pool._max_workers < threads - 1:  # noqa: SLF001 - grow on thread change
             if _pool is not None:
@@ -121,31 +139,21 @@ def parallel_chunks(n: int, step: int, fn: Callable[[int, int], None]) -> None:
                 failed.set()
                 raise
 
-    torch = _torch_or_none()
-    prev = torch.get_num_threads() if torch is not None else 1
-    if torch is not None and prev > 1:
-        # The pool is the parallelism: each torch op of a work item runs on its own thread. Without
-        # this every op (above ATen's 32768-value grain) would also start an OpenMP team per pool
-        # thread, oversubscribing the cores; measured 10x slower when other processes hold cores.
-        # Process-wide while the pool runs; restored after.
-        torch.set_num_threads(1)
+    futs = [pool.submit(drain) for _ in range(threads - 1)]
+    err: BaseException | None = None
     try:
-        futs = [pool.submit(drain) for _ in range(threads - 1)]
-        err: BaseException | None = None
+        drain()
+    except BaseException as e:  # noqa: BLE001 - re-raised below, after the workers stopped
+        err = e
+    for fut in futs:
+        if fut.cancel():  # never started: the counter is exhausted, nothing left for it to do
+            continue
         try:
-            drain()
-        except BaseException as e:  # noqa: BLE001 - re-raised below, after the workers stopped
-            err = e
-        for fut in futs:
-            try:
-                fut.result()
-            except BaseException as e:  # noqa: BLE001
-                err = err or e
-        if err is not None:
-            raise err
-    finally:
-        if torch is not None and prev > 1:
-            torch.set_num_threads(prev)
+            fut.result()
+        except BaseException as e:  # noqa: BLE001
+            err = err or e
+    if err is not None:
+        raise err
 
 
 def _torch_or_none():  # noqa: ANN202 - torch is optional for the numpy-only repack
