@@ -9,7 +9,15 @@ experts, F32 norms), warms the page cache, then in the same run measures
      tensor (the "final resident weights"), timed per role;
   3. peak RSS during 2 (VmHWM, reset before the load) against final resident weights + the largest
      output tensor; the goal is <= 1.2x.
+  4. per conversion kernel (outputs preallocated), GB/s at each of ``--threads`` conversion threads
+     (torch intra-op threads 1, so "1" is really one thread) and the speedup over one thread, next
+     to a GIL-free reference workload (sha256 of 4 MiB buffers, which releases the GIL) run the same
+     way in the same run: its speedup is what the machine's free cores allow right now, so
+     kernel speedup / reference speedup is the kernel's thread-scaling efficiency. With
+     ``--baseline REV`` the conversion code of git revision REV (winport/gguf/mxfp4_repack.py and
+     convert.py) is timed interleaved with the current code: before/after from one run.
 Usage: python scripts/bench/gguf_load.py [--gib 3] [--path /tmp/winport_bench.gguf]
+           [--threads 1,2,4,8,16] [--baseline REV] [--kernels-only] [--reps 5]
 """
 
 from __future__ import annotations
@@ -168,7 +176,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, default=3.0)
     ap.add_argument("--path", default="/tmp/winport_bench_v41.gguf")
+    ap.add_argument("--threads", default="1,2", help="conversion thread counts for the scaling table")
+    ap.add_argument("--baseline", default=None, help="git revision whose conversion code to time as 'before'")
+    ap.add_argument("--kernels-only", action="store_true", help="skip the full load; only the kernel tables")
+    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per cell (best is kept)")
     args = ap.parse_args()
+    threads = [int(x) for x in args.threads.split(",")]
     path = Path(args.path)
     if not path.exists():
         t0 = time.perf_counter()
@@ -187,6 +200,13 @@ def main() -> int:
     from winport.gguf.mxfp4_repack import conversion_threads
 
     lm = load_gguf_model(path, draft=False, mmproj=False)
+    if args.kernels_only:
+        print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} "
+              f"numpy={np.__version__} torch={torch.__version__} loadavg={os.getloadavg()[0]:.2f}")
+        print(f"sequential read (page cache): {read_gbs:.2f} GB/s")
+        thread_scaling(lm, threads, args.baseline, args.reps)
+        lm.close()
+        return 0
     base_rss = _status("VmRSS")
     try:  # reset the peak-RSS counter (Linux >= 4.0)
         with open("/proc/self/clear_refs", "w") as fh:
@@ -230,8 +250,209 @@ def main() -> int:
     print(f"peak RSS during load (above baseline): {peak / 1e9:.2f} GB; final resident weights {final / 1e9:.2f} GB; "
           f"largest tensor {largest / 1e6:.1f} MB; ratio {peak / (final + largest):.3f} (goal <= 1.2)")
     kernels_only(lm, read_gbs)
+    thread_scaling(lm, threads, args.baseline, args.reps)
     lm.close()
     return 0
+
+
+def load_baseline(rev: str) -> tuple[object, object]:
+    """(mxfp4_repack, convert) modules as of git revision ``rev``, importable next to the current ones.
+
+    Their relative imports of the other winport.gguf modules resolve to the current files; the old
+    convert is pointed at the old mxfp4_repack (its pool and work-item sizes are part of "before").
+    """
+    import subprocess
+    import types
+
+    root = Path(__file__).resolve().parents[2]
+    mods = []
+    for name in ("mxfp4_repack", "convert"):
+        src = subprocess.check_output(["git", "-C", str(root), "show", f"{rev}:winport/gguf/{name}.py"], text=True)
+        src = src.replace("from .mxfp4_repack import", "from ._baseline_mxfp4_repack import")
+        src = src.replace("from . import mxfp4_repack\n", "from . import _baseline_mxfp4_repack as mxfp4_repack\n")
+        full = f"winport.gguf._baseline_{name}"
+        mod = types.ModuleType(full)
+        mod.__package__ = "winport.gguf"
+        mod.__file__ = str(root / "winport" / "gguf" / f"{name}.py")  # its data files are the current ones
+        sys.modules[full] = mod
+        exec(compile(src, f"{rev}:winport/gguf/{name}.py", "exec"), mod.__dict__)  # noqa: S102 - our own git history
+        mods.append(mod)
+    return mods[0], mods[1]
+
+
+def _gil_free_reference(n_threads: int, data: bytes, per_thread: int) -> float:
+    """sha256 over ``per_thread`` x len(data) bytes on each of n threads (hashlib drops the GIL): GB/s."""
+    import hashlib
+    import threading
+
+    def work() -> None:
+        for _ in range(per_thread):
+            hashlib.sha256(data).digest()
+
+    ts = [threading.Thread(target=work) for _ in range(n_threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return n_threads * per_thread * len(data) / (time.perf_counter() - t0) / 1e9
+
+
+def thread_scaling(lm, threads: list[int], baseline: str | None, reps: int) -> None:  # noqa: ANN001
+    """Per-kernel GB/s at each conversion thread count, current code (and ``baseline``), interleaved."""
+    import torch
+
+    from winport.gguf import convert as cv
+    from winport.gguf import mxfp4_repack as rp
+
+    impls = {"current": (rp, cv)}
+    if baseline:
+        impls = {f"baseline {baseline}": load_baseline(baseline), **impls}
+    torch.set_num_threads(1)  # each conversion thread single-threaded: "1" means one core
+    ts = [lm.model[g] for g, m in lm.plan.mapped.items()]
+    ex = max((t for t in ts if t.type.name == "MXFP4"), key=lambda t: t.nbytes)
+    q8s = [t for t in ts if t.type.name == "Q8_0" and len(t.shape) == 2 and "token_embd" not in t.name
+           and t.name != "output.weight"][:6]
+    emb = next(t for t in ts if t.type.name == "Q8_0" and t.name == "output.weight")
+    e, n, k = ex.shape
+    packed = np.ones((e, n, k // 2), dtype=np.uint8)
+    scales = np.ones((e, n, k // 32), dtype=np.uint8)
+    rows = ex.raw_rows()
+    fp8_out = {}
+    for t in q8s:
+        r, c = t.shape
+        bn, bk = lm.fp8_block
+        fp8_out[t.name] = (torch.ones((r, c), dtype=torch.float8_e4m3fn),
+                           torch.ones((-(-r // bn), -(-c // bk)), dtype=torch.float32))
+    bf16_out = torch.ones(tuple(emb.shape), dtype=torch.bfloat16)
+
+    def mxfp4_whole(mr, _cv) -> None:  # noqa: ANN001 - one call over the whole [E, N, K] tensor
+        mr.gguf_mxfp4_into(ex.raw(), packed, scales)
+
+    def mxfp4_experts(mr, _cv) -> None:  # noqa: ANN001 - as the loader calls it: expert by expert
+        many = getattr(mr, "gguf_mxfp4_into_many", None)
+        if many is None:  # the old loader: one pool call per expert
+            for i in range(e):
+                mr.gguf_mxfp4_into(rows[i * n : (i + 1) * n], packed[i], scales[i])
+            return
+        group = max(1, -(-2 * mr.conversion_threads() * mr._CHUNK_BLOCKS // (n * k // 32)))
+        for g0 in range(0, e, group):
+            g1 = min(e, g0 + group)
+            many([(rows[i * n : (i + 1) * n], packed[i], scales[i]) for i in range(g0, g1)])
+
+    def q8_fp8(_mr, c) -> None:  # noqa: ANN001 - several dense Q8_0 tensors, as to_fp8_blocks runs each
+        bn, bk = lm.fp8_block
+        tile_cols = max(bk, (c._TILE_VALUES // bn) // bk * bk)
+        for t in q8s:
+            w, sc = fp8_out[t.name]
+            c._fp8_rows_parallel(c._q8_0_rows(t, 0, t.shape[0]), w, sc, 0, t.shape[0], tile_cols,
+                                 lm.fp8_block, lm.scale_fmt)
+
+    def q8_bf16(_mr, c) -> None:  # noqa: ANN001
+        c._bf16_rows_parallel(*c._q8_0_rows(emb, 0, emb.shape[0]), bf16_out, max(1, c._TILE_VALUES // emb.shape[1]))
+
+    kernels = {
+        f"MXFP4 -> kt repack, whole tensor ({ex.name}, {ex.nbytes / 1e6:.0f} MB)": (mxfp4_whole, ex.nbytes),
+        f"MXFP4 -> kt repack, expert by expert ({e} x [{n}, {k}])": (mxfp4_experts, ex.nbytes),
+        f"Q8_0 -> FP8 {list(lm.fp8_block)} ({len(q8s)} tensors, {sum(t.nbytes for t in q8s) / 1e6:.0f} MB)":
+            (q8_fp8, sum(t.nbytes for t in q8s)),
+        f"Q8_0 -> bf16 ({emb.name}, {emb.nbytes / 1e6:.0f} MB)": (q8_bf16, emb.nbytes),
+    }
+    data = os.urandom(4 << 20)
+    best: dict[tuple[str, str, int], float] = {}
+    env_prev = os.environ.get("WINPORT_GGUF_THREADS")
+    try:
+        for _ in range(reps):  # interleaved: drift from other processes hits every cell alike
+            for nt in threads:
+                key = ("GIL-free reference (sha256)", "", nt)
+                best[key] = max(best.get(key, 0.0), _gil_free_reference(nt, data, 4))
+            for kname, (fn, nbytes) in kernels.items():
+                for iname, (mr, c) in impls.items():
+                    for nt in threads:
+                        os.environ["WINPORT_GGUF_THREADS"] = str(nt)
+                        t0 = time.perf_counter()
+                        fn(mr, c)
+                        gbs = nbytes / (time.perf_counter() - t0) / 1e9
+                        best[(kname, iname, nt)] = max(best.get((kname, iname, nt), 0.0), gbs)
+    finally:
+        if env_prev is None:
+            os.environ.pop("WINPORT_GGUF_THREADS", None)
+        else:
+            os.environ["WINPORT_GGUF_THREADS"] = env_prev
+    print(f"thread scaling (best of {reps} interleaved; GB/s of GGUF bytes, x = speedup over 1 thread, "
+          f"eff = speedup / reference speedup; loadavg now {os.getloadavg()[0]:.2f}):")
+    ref = {nt: best[("GIL-free reference (sha256)", "", nt)] for nt in threads}
+    print(f"  {'GIL-free reference (sha256)':60s} " + "  ".join(
+        f"{nt}t {ref[nt]:6.2f} ({ref[nt] / ref[threads[0]]:.2f}x)" for nt in threads))
+    for kname in kernels:
+        print(f"  {kname}")
+        for iname in impls:
+            g = {nt: best[(kname, iname, nt)] for nt in threads}
+            cells = []
+            for nt in threads:
+                sp = g[nt] / g[threads[0]]
+                cells.append(f"{nt}t {g[nt]:6.3f} ({sp:.2f}x, eff {sp / (ref[nt] / ref[threads[0]]):.2f})")
+            print(f"    {iname:18s} " + "  ".join(cells))
+    serial_share(impls, lm, reps)
+
+
+def serial_share(impls: dict, lm, reps: int) -> None:  # noqa: ANN001
+    """Per work item: the fixed cost of its Python-level calls (timed on a tiny item, where it is all
+    there is; an upper bound on the time the item holds the GIL) against the time of a default-size
+    item on one thread. Their ratio is the serial share s, and 1 / (s + (1 - s) / 16) the most that
+    16 threads could give (Amdahl): a machine-load-independent view of the GIL problem."""
+    import torch
+
+    torch.set_num_threads(1)
+
+    def best_time(fn, inner: int) -> float:  # noqa: ANN001
+        out = []
+        for _ in range(max(3, reps)):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            out.append((time.perf_counter() - t0) / inner)
+        return min(out)
+
+    q8 = max((lm.model[g] for g, m in lm.plan.mapped.items() if lm.model[g].type.name == "Q8_0"
+              and len(lm.model[g].shape) == 2 and lm.model[g].shape[1] >= 512), key=lambda t: t.shape[0])
+    print("serial share per work item (fixed per-item cost / default item time, one thread; Amdahl bound at 16 threads):")
+    for iname, (mr, c) in impls.items():
+        _share_of(iname, mr, c, lm, q8, best_time)
+
+
+def _share_of(iname: str, mr, c, lm, q8, best_time) -> None:  # noqa: ANN001
+    """One implementation's serial-share lines (see serial_share)."""
+    import torch
+
+    def line(what: str, tiny: float, full: float) -> None:
+        sh = tiny / full
+        print(f"  {iname:18s} {what}: {tiny * 1e6:.1f} us fixed / {full * 1e6:.0f} us = {sh * 100:.1f}% "
+              f"-> at most {1 / (sh + (1 - sh) / 16):.1f}x on 16 threads")
+
+    m = mr._CHUNK_BLOCKS
+    raw = np.random.default_rng(0).integers(0, 256, m * 17 + 1, dtype=np.uint8)[1:]
+    p = np.empty(m * 16, np.uint8)
+    sc = np.empty(m, np.uint8)
+    tiny = best_time(lambda: mr._repack_blocks(raw[: 16 * 17], p[: 16 * 16].view(np.uint64).reshape(16, 2), sc[:16]), 200)
+    full = best_time(lambda: mr._repack_blocks(raw, p.view(np.uint64).reshape(m, 2), sc), 3)
+    line(f"MXFP4 item of {m} blocks", tiny, full)
+    bn, bk = lm.fp8_block
+    cols = min(q8.shape[1], max(bk, (c._TILE_VALUES // bn) // bk * bk))
+    tile_rows = bn * max(1, c._TILE_VALUES // (bn * cols))
+    w = torch.empty((tile_rows, cols), dtype=torch.float8_e4m3fn)
+    s_ = torch.empty((tile_rows // bn, cols // bk), dtype=torch.float32)
+    src_t = tuple(x[:, : cols // 32] for x in c._q8_0_rows(q8, 0, tile_rows))
+    src_1 = tuple(x[:, : bk // 32] for x in c._q8_0_rows(q8, 0, bn))
+    w1 = torch.empty((bn, bk), dtype=torch.float8_e4m3fn)
+    s1 = torch.empty((1, 1), dtype=torch.float32)
+    os.environ["WINPORT_GGUF_THREADS"] = "1"
+    try:
+        tiny = best_time(lambda: c._fp8_rows_parallel(src_1, w1, s1, 0, bn, bk, lm.fp8_block, lm.scale_fmt), 50)
+        full = best_time(lambda: c._fp8_rows_parallel(src_t, w, s_, 0, tile_rows, cols, lm.fp8_block, lm.scale_fmt), 3)
+    finally:
+        os.environ.pop("WINPORT_GGUF_THREADS", None)
+    line(f"Q8_0 -> FP8 item of {tile_rows} x {cols} values", tiny, full)
 
 
 def kernels_only(lm, read_gbs: float) -> None:  # noqa: ANN001

@@ -188,10 +188,11 @@ def _repack_blocks(src: np.ndarray, out64: np.ndarray, out_s: np.ndarray) -> Non
     """``m`` GGUF MXFP4 blocks (uint8 [m*17], contiguous) -> kt nibbles (uint64 [m, 2]) + exponents [m]."""
     m = out_s.shape[0]
     buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.shape[1] < m:
-        buf = _scratch.buf = np.empty((2, max(m, _CHUNK_BLOCKS)), dtype=np.uint64)
-        _scratch.tmp = np.empty_like(buf)
-    x, t = buf[:, :m], _scratch.tmp[:, :m]
+    if buf is None or buf.size < 4 * m:
+        buf = _scratch.buf = np.empty(4 * max(m, _CHUNK_BLOCKS), dtype=np.uint64)
+    # Both scratch arrays contiguous [2, m] whatever m is (a [:, :m] slice of a wider buffer is
+    # strided, and numpy's 2-D strided loops cost ~2x the per-call overhead on ragged items).
+    x, t = buf[: 2 * m].reshape(2, m), buf[2 * m : 4 * m].reshape(2, m)
     # ``out`` positional everywhere: the keyword costs parsing time, and that time holds the GIL.
     rshift, lshift, xor, band = np.right_shift, np.left_shift, np.bitwise_xor, np.bitwise_and
     # Plane 0 = payload bytes 0-7 of every block, plane 1 = bytes 8-15 (unaligned strided view).
