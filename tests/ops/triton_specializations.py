@@ -449,6 +449,9 @@ GPU_CONSTEXPRS: dict[str, Callable[[Json], dict[str, Any]]] = {
     # indexer.py / sparse_mla.py: DOT_F32=interpreting()
     "kernels_triton.indexer:_mqa_logits_kernel": lambda e: {"DOT_F32": False},
     "kernels_triton.sparse_mla:_sparse_mla_fwd_kernel": lambda e: {"DOT_F32": False},
+    # mxfp4_moe.py: EMULATE_BF16=TRITON_INTERPRET (fp32 dot of bf16-exact values, rounding by hand)
+    "kernels_triton.mxfp4_moe:_mxfp4_moe_gate_up_kernel": lambda e: {"EMULATE_BF16": False},
+    "kernels_triton.mxfp4_moe:_mxfp4_moe_down_kernel": lambda e: {"EMULATE_BF16": False},
 }
 
 
