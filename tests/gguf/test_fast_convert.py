@@ -261,3 +261,22 @@ def test_experts_grouped_and_filtered(tmp_path: Path, rng: np.random.Generator, 
         rp, rs = ref_mxfp4_to_kt(rows[i], n, k)
         np.testing.assert_array_equal(packed, rp)
         np.testing.assert_array_equal(scales, rs)
+
+
+@pytest.mark.parametrize("tiles", ["narrow", "tall"])
+def test_float_rows_to_fp8_equals_reference(tmp_path: Path, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
+                                            tiles: str) -> None:
+    """Non-Q8_0 dense tensors go through dequantized float32 rows (the other source branch of the tiles)."""
+    n, k = 70, 96
+    block = (32, 32)
+    monkeypatch.setattr(cv, "_CHUNK_BYTES", 4 * k * 32)
+    monkeypatch.setattr(cv, "_TILE_VALUES", block[0] * block[1] * 2 if tiles == "narrow" else block[0] * k * 2)
+    monkeypatch.setenv("WINPORT_GGUF_THREADS", "2")
+    x = (rng.standard_normal((n, k)) * np.exp2(rng.integers(-20, 20, (n, 1)))).astype(np.float32)
+    x[5, 7], x[40, 0], x[41, 1] = np.nan, np.inf, -0.0
+    x[64:, 32:64] = 0.0  # an all-zero block
+    ref_w, ref_s = ref_fp8_blocks(x, block, "ue8m0")
+    with _tensor_file(tmp_path, "F32", (n, k), x) as m:
+        w, s = cv.to_fp8_blocks(m["w"], block, scale_fmt="ue8m0")
+    np.testing.assert_array_equal(w.view(torch.uint8).numpy(), ref_w)
+    np.testing.assert_array_equal(_bits(s.numpy()), _bits(ref_s))
