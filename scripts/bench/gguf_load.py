@@ -17,7 +17,7 @@ experts, F32 norms), warms the page cache, then in the same run measures
      ``--baseline REV`` the conversion code of git revision REV (winport/gguf/mxfp4_repack.py and
      convert.py) is timed interleaved with the current code: before/after from one run.
 Usage: python scripts/bench/gguf_load.py [--gib 3] [--path /tmp/winport_bench.gguf]
-           [--threads 1,2,4,8,16] [--baseline REV] [--kernels-only] [--reps 5]
+           [--threads 1,2,4,8,16] [--baseline REV] [--kernels-only] [--reps 9]
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def main() -> int:
     ap.add_argument("--threads", default="1,2", help="conversion thread counts for the scaling table")
     ap.add_argument("--baseline", default=None, help="git revision whose conversion code to time as 'before'")
     ap.add_argument("--kernels-only", action="store_true", help="skip the full load; only the kernel tables")
-    ap.add_argument("--reps", type=int, default=5, help="interleaved repetitions per cell (best is kept)")
+    ap.add_argument("--reps", type=int, default=9, help="interleaved repetitions per cell")
     args = ap.parse_args()
     threads = [int(x) for x in args.threads.split(",")]
     path = Path(args.path)
@@ -359,40 +359,40 @@ def thread_scaling(lm, threads: list[int], baseline: str | None, reps: int) -> N
         f"Q8_0 -> bf16 ({emb.name}, {emb.nbytes / 1e6:.0f} MB)": (q8_bf16, emb.nbytes),
     }
     data = os.urandom(4 << 20)
-    best: dict[tuple[str, str, int], float] = {}
+    samples: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     env_prev = os.environ.get("WINPORT_GGUF_THREADS")
     try:
         for _ in range(reps):  # interleaved: drift from other processes hits every cell alike
             for nt in threads:
-                key = ("GIL-free reference (sha256)", "", nt)
-                best[key] = max(best.get(key, 0.0), _gil_free_reference(nt, data, 4))
+                samples[("GIL-free reference (sha256)", "", nt)].append(_gil_free_reference(nt, data, 4))
             for kname, (fn, nbytes) in kernels.items():
                 for iname, (mr, c) in impls.items():
                     for nt in threads:
                         os.environ["WINPORT_GGUF_THREADS"] = str(nt)
                         t0 = time.perf_counter()
                         fn(mr, c)
-                        gbs = nbytes / (time.perf_counter() - t0) / 1e9
-                        best[(kname, iname, nt)] = max(best.get((kname, iname, nt), 0.0), gbs)
+                        samples[(kname, iname, nt)].append(nbytes / (time.perf_counter() - t0) / 1e9)
     finally:
         if env_prev is None:
             os.environ.pop("WINPORT_GGUF_THREADS", None)
         else:
             os.environ["WINPORT_GGUF_THREADS"] = env_prev
-    print(f"thread scaling (best of {reps} interleaved; GB/s of GGUF bytes, x = speedup over 1 thread, "
-          f"eff = speedup / reference speedup; loadavg now {os.getloadavg()[0]:.2f}):")
-    ref = {nt: best[("GIL-free reference (sha256)", "", nt)] for nt in threads}
-    print(f"  {'GIL-free reference (sha256)':60s} " + "  ".join(
-        f"{nt}t {ref[nt]:6.2f} ({ref[nt] / ref[threads[0]]:.2f}x)" for nt in threads))
+    # GB/s: best sample. Speedup: median over repetitions of (t threads / 1 thread) measured back to
+    # back in the same repetition, so that a shared machine's load drift cancels out of the ratio.
+    def cells(key: tuple[str, str]) -> tuple[list[str], dict[int, float]]:
+        base = samples[(*key, threads[0])]
+        sp = {nt: float(np.median([a / b for a, b in zip(samples[(*key, nt)], base, strict=True)])) for nt in threads}
+        return [f"{nt}t {max(samples[(*key, nt)]):6.3f} ({sp[nt]:.2f}x" for nt in threads], sp
+
+    print(f"thread scaling ({reps} interleaved repetitions; GB/s of GGUF bytes = best sample, x = median paired "
+          f"speedup over {threads[0]} thread, eff = speedup / reference speedup; loadavg now {os.getloadavg()[0]:.2f}):")
+    ref_cells, ref = cells(("GIL-free reference (sha256)", ""))
+    print(f"  {'GIL-free reference (sha256)':40s} " + "  ".join(c + ")" for c in ref_cells))
     for kname in kernels:
         print(f"  {kname}")
         for iname in impls:
-            g = {nt: best[(kname, iname, nt)] for nt in threads}
-            cells = []
-            for nt in threads:
-                sp = g[nt] / g[threads[0]]
-                cells.append(f"{nt}t {g[nt]:6.3f} ({sp:.2f}x, eff {sp / (ref[nt] / ref[threads[0]]):.2f})")
-            print(f"    {iname:18s} " + "  ".join(cells))
+            cs, sp = cells((kname, iname))
+            print(f"    {iname:18s} " + "  ".join(f"{c}, eff {sp[nt] / ref[nt]:.2f})" for c, nt in zip(cs, threads, strict=True)))
     serial_share(impls, lm, reps)
 
 
