@@ -223,9 +223,9 @@ def to_fp8_blocks(
     2^-4 relative for normal values, 2^-10 x scale below). ``scale_fmt``: "ue8m0" rounds each scale
     up to a power of two (as DeepSeek's checkpoints), "fp32" uses amax / 448 exactly.
 
-    Streaming: rows are converted in chunks of whole row blocks straight from the memory map
-    (torch ops, intra-op threads), each chunk's source pages dropped afterwards, so the only
-    full-size allocation is the output.
+    Streaming: rows are converted in chunks of whole row blocks straight from the memory map (torch
+    ops in work items on the conversion pool), each chunk's source pages dropped afterwards, so the
+    only full-size allocation is the output.
     """
     torch = _torch()
     if scale_fmt not in ("ue8m0", "fp32"):

@@ -17,13 +17,15 @@ words out of the 17-byte blocks (through an unaligned numpy view) and one of the
 Row chunks are sized to stay in the CPU's L2 cache and run on a thread pool.
 
 Why it scales with threads: numpy releases the GIL inside each of these array loops but holds it
-while it sets a call up (argument parsing, type resolution, ~0.5-1 us). A work item is 24 such
-calls, so it holds the GIL for ~12 us per item (shift amounts and masks are 0-d arrays and ``out``
-is positional: numpy scalars as operands cost ~1.1 us per call instead of ~0.7 us); items of 32768
-blocks (557 kB of source, ~450 us of work on one core) keep the serial share near 3%. Items of
-8192 blocks with scalar operands held it ~40 us of ~125 us (about 30%), which capped the pool
-near 3x however many threads it had. Work items of several expert matrices are pooled in one call
-(:func:`gguf_mxfp4_into_many`), so one expert smaller than threads x item still fills every thread.
+while it sets a call up (argument parsing, type resolution, ~0.5-1 us). A work item is 26 such
+calls taking ~12 us in all (shift amounts and masks are 0-d arrays and ``out`` is positional:
+numpy scalars as operands cost ~1.1 us per call instead of ~0.7 us; the scratch is contiguous
+even for ragged items); items of 32768 blocks (557 kB of source, ~450 us of work on one core)
+keep that serial share near 3%. The previous items (8192 blocks, scalar operands, strided scratch)
+spent ~35-40 us of ~125-130 us that way (~26-28%), capping the pool near 3x however many threads
+it had; on 2 free cores they ran slower with 2 threads than with 1. Work items of several expert
+matrices are pooled in one call (:func:`gguf_mxfp4_into_many`), so one expert smaller than
+threads x item still fills every thread. Numbers: scripts/bench/RESULTS.md, issue 6 section.
 """
 
 from __future__ import annotations
