@@ -42,10 +42,10 @@ def make_experts(e: int, h: int, i: int, lo: int = 118, hi: int = 126, device: s
                  gen: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
     """Random packed codes (every nibble value) and E8M0 scales in [lo, hi)."""
     def rb(*s: int) -> torch.Tensor:
-        return torch.randint(0, 256, s, dtype=torch.uint8, generator=gen).to(device)
+        return torch.randint(0, 256, s, dtype=torch.uint8, generator=gen, device=device)
 
     def rs(*s: int) -> torch.Tensor:
-        return torch.randint(lo, hi, s, dtype=torch.uint8, generator=gen).to(device)
+        return torch.randint(lo, hi, s, dtype=torch.uint8, generator=gen, device=device)
 
     return rb(e, 2 * i, h // 2), rs(e, 2 * i, h // 32), rb(e, h, i // 2), rs(e, h, i // 32)
 
@@ -111,15 +111,15 @@ def error_bound(x: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch
 
 
 def check(out: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor, what: str,
-          loosest: float = 2.0 ** -3) -> None:
-    """No NaN, every element within its bound, and the bound's median under `loosest` of |out|."""
+          loosest: float | None = 2.0 ** -3) -> None:
+    """No NaN, every element within its bound, and (unless None) the bound's median under `loosest` of |out|."""
     assert not torch.isnan(out.float()).any(), f"{what}: NaN in output"
     err = (out.to(exact.dtype) - exact).abs()
     bad = err > bound
     assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} elements over the bound; worst "
                            f"err {float(err[bad].max()):.3e} where bound {float(bound[bad].min()):.3e}")
     nz = exact.abs() > 0
-    if nz.any():
+    if loosest is not None and nz.any():
         rel = (bound[nz] / exact.abs()[nz]).median()
         assert rel < loosest, f"{what}: the bound is too loose to test anything (median {float(rel):.3e})"
 
@@ -342,8 +342,8 @@ V41 = dict(h=5120, i=2304, e=384, k=6)
 @pytest.fixture(scope="module")
 def v41_experts() -> tuple[torch.Tensor, ...]:
     """384 experts at V4.1-Flash size (7.2 GB of MXFP4 on the GPU); scales as in quantized weights."""
-    gen = torch.Generator().manual_seed(1)
-    return tuple(t.cuda() for t in make_experts(V41["e"], V41["h"], V41["i"], 117, 124, gen=gen))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    return make_experts(V41["e"], V41["h"], V41["i"], 117, 124, device="cuda", gen=gen)
 
 
 @pytest.mark.gpu
@@ -353,8 +353,14 @@ def test_mxfp4_moe_gpu_v41(t: int, v41_experts: tuple[torch.Tensor, ...]) -> Non
     """Decode (T=1..16) and prefill (T=2048) at V4.1-Flash sizes vs the float32-on-GPU bound.
 
     On the GPU the bound is computed in float32 (float64 matmuls at 2048 x 5120 x 4608 are slow):
-    its own accumulation error (< 5120 x 2^-24 relative of sum|a||b|) is below 1% of the terms it
-    bounds. The rounding-faithful comparison is norm-wise: tensor-core accumulation order differs
+    that "exact" result carries its own fp32 accumulation error, at most the fp32 terms already in
+    the bound (5120 x 2^-24 = 3e-4 against the 2^-8 = 3.9e-3 bf16 terms, < 10% of it), hence the
+    bound x 1.1. At these sizes, with uniformly random codes, the worst-case bound is no longer
+    small against the output (its median was 1.67 x |out| in an interpreted CPU run at H=5120,
+    I=2304, T=2, 8 experts, where the actual error was at most 1.2% of the bound and 99.99% of
+    outputs equalled the rounding-faithful reference bit for bit): there it only rules out NaN and
+    gross errors, and the Frobenius comparison with the rounding-faithful reference is the
+    precision check. The rounding-faithful comparison is norm-wise: tensor-core accumulation order differs
     from the reference's, flipping a few roundings by one bf16 ulp (<= 2^-7 relative); even 25% of
     outputs off by one ulp gives a relative Frobenius error <= 2^-7 * sqrt(0.25) = 2^-8, while one
     wrong scale group out of I/32 = 72 already gives about 1/sqrt(72) = 0.12.
@@ -367,7 +373,7 @@ def test_mxfp4_moe_gpu_v41(t: int, v41_experts: tuple[torch.Tensor, ...]) -> Non
     mm.mxfp4_moe(x, w13, s13, w2, s2, ids, tw, swiglu_limit=10.0, routed_scaling_factor=1.5, out=out)
     torch.cuda.synchronize()
     exact, bound = error_bound(x, w13, s13, w2, s2, ids, tw, 10.0, 1.5, dtype=torch.float32)
-    check(out, exact, bound * 1.01, f"T={t} kernel vs float32")
+    check(out, exact, bound * 1.1, f"T={t} kernel vs float32", loosest=None)
     faithful = mm.mxfp4_moe_ref(x, w13, s13, w2, s2, ids, tw, 10.0, 1.5, dtype=torch.float32,
                                 round_like_kernel=True)
     rel = float((out.float() - faithful).norm() / faithful.norm())
