@@ -29,8 +29,9 @@ does the down projection and the router weight (blocks of expert -1 write zeros)
 top-k slots. Weights are dequantized in registers: each byte tile [BLOCK_K/2, BLOCK_N] gives the
 even-column and the odd-column halves of the K slice, and the activations are loaded as their even
 and odd columns, so x @ W^T = x_even @ W_low^T + x_odd @ W_high^T needs no nibble interleave
-(no tl.join / reshape of the codes). E2M1 -> fp32 is built bit by bit (no table gather); E8M0 ->
-2^(e-127) too, exactly for every e (0 gives the subnormal 2^-127). Every dequantized weight has at
+(no tl.join / reshape of the codes). E2M1 -> fp16 is built bit by bit (no table gather; 4 integer
+ops a value, the fp16 carries the value times 2^-14) and scaled by two power-of-two fp32 factors
+made from the E8M0 bits: exact for every e (0 is 2^-127; above 240 the split avoids an overflow). Every dequantized weight has at
 most two significant bits, so its bf16 cast is exact and the tl.dot operands are bf16 (mma.sync on
 sm_80+, no Hopper-only instruction: compiles for sm_90 and sm_120).
 
@@ -109,24 +110,36 @@ def _round_bf16(x):
 
 
 @triton.jit
-def _e2m1_to_f32(code):
-    """int32 E2M1 codes (0..15) -> fp32 values, from the bits: 1 sign, 2 exponent, 1 mantissa bit."""
-    em = code & 7
-    # em >= 2: exponent (em >> 1) - 1, mantissa bit em & 1 -> fp32 bits (em << 22) + (126 << 23).
-    # em == 1 is the subnormal 0.5 (= 126 << 23), em == 0 is zero.
-    bits = tl.where(em >= 2, (em << 22) + (126 << 23), tl.where(em == 1, 126 << 23, 0))
-    bits = bits | ((code & 8) << 28)
-    return bits.to(tl.float32, bitcast=True)
+def _e2m1_half(code_bits):
+    """E2M1 codes -> fp16 holding value * 2^-14, from the bits alone (4 integer ops).
+
+    `code_bits` has the code's sign bit at bit 3 and its 2 exponent + 1 mantissa bits at 0..2. Put
+    them at fp16's sign (bit 15) and at the low exponent bits + top mantissa bit (bits 9..11): the
+    fp16 number is then 2^(E-15) (1 + M/2) = value * 2^-14 for E >= 1, and for E = 0 the subnormal
+    M * 2^-15 = 0.5 * 2^-14 (code 1) or zero. fp16 -> fp32 conversion is exact, subnormals included.
+    """
+    bits = ((code_bits & 7) << 9) | ((code_bits & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
-def _scale_to_f32(s, SCALE_F32: tl.constexpr):
-    """Scales as loaded -> fp32 2^(e-127): E8M0 bytes by their bits (0 -> 2^-127, 255 -> NaN)."""
+def _scale_pair(s, SCALE_F32: tl.constexpr):
+    """Scales as loaded -> (s_hi, s_lo) fp32 with s_hi * s_lo = 2^14 * scale, each factor finite.
+
+    2^14 undoes _e2m1_half's 2^-14. One factor alone would overflow for scales above 2^113 (E8M0
+    above 240, never seen in real weights but valid), so those are split; every factor is a power
+    of two, so w = half * s_hi * s_lo is exact. E8M0 0 (2^-127) gives s_hi = 2^-113, 255 gives NaN.
+    """
     if SCALE_F32:
-        return s
-    e = s.to(tl.int32)
-    bits = tl.where(e == 0, 0x00400000, tl.where(e == 255, 0x7FC00000, e << 23))
-    return bits.to(tl.float32, bitcast=True)
+        big = s > 2.0 ** 113
+        s_hi = tl.where(big, 2.0 ** 127, s * 16384.0)
+        s_lo = tl.where(big, s * 2.0 ** -113, 1.0)
+    else:
+        e = s.to(tl.int32)
+        hi_bits = tl.where(e == 255, 0x7FC00000, (tl.minimum(e, 240) + 14) << 23)
+        s_hi = hi_bits.to(tl.float32, bitcast=True)
+        s_lo = ((tl.maximum(e, 240) - 113) << 23).to(tl.float32, bitcast=True)
+    return s_hi, s_lo
 
 
 @triton.jit
@@ -134,11 +147,12 @@ def _dequant_tile(b_ptrs, s_ptrs, mask, s_mask, GROUPS: tl.constexpr, HALF_K: tl
                   BLOCK_N: tl.constexpr, SCALE_F32: tl.constexpr, EMULATE_BF16: tl.constexpr):
     """Byte tile [HALF_K, BLOCK_N] + scales [GROUPS, BLOCK_N] -> (even-column, odd-column) weights."""
     b = tl.load(b_ptrs, mask=mask, other=0).to(tl.int32)
-    s = _scale_to_f32(tl.load(s_ptrs, mask=s_mask, other=0), SCALE_F32)
+    s_hi, s_lo = _scale_pair(tl.load(s_ptrs, mask=s_mask, other=0), SCALE_F32)
     # One scale per 16 bytes (32 columns): broadcast [GROUPS, 1, N] -> [GROUPS, 16, N] -> [HALF_K, N].
-    s_full = tl.reshape(tl.broadcast_to(s[:, None, :], (GROUPS, 16, BLOCK_N)), (HALF_K, BLOCK_N))
-    w_lo = _e2m1_to_f32(b & 15) * s_full
-    w_hi = _e2m1_to_f32(b >> 4) * s_full
+    s_hi = tl.reshape(tl.broadcast_to(s_hi[:, None, :], (GROUPS, 16, BLOCK_N)), (HALF_K, BLOCK_N))
+    s_lo = tl.reshape(tl.broadcast_to(s_lo[:, None, :], (GROUPS, 16, BLOCK_N)), (HALF_K, BLOCK_N))
+    w_lo = _e2m1_half(b).to(tl.float32) * s_hi * s_lo
+    w_hi = _e2m1_half(b >> 4).to(tl.float32) * s_hi * s_lo
     if EMULATE_BF16:
         return w_lo, w_hi
     # Exact: code x 2^k has at most two significant bits.
