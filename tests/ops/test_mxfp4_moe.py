@@ -1,9 +1,11 @@
 """MXFP4 fused MoE (kernels_triton/mxfp4_moe.py) against float64 references.
 
 References: ``mxfp4_moe_ref`` (dequantize each routed expert, matmul in float64; with
-``round_like_kernel`` it also rounds to bf16 where the kernel stores bf16), and, as an independent
-check, winport.patches.cpu_mxfp4_moe.mxfp4_moe (the CPU serving path's torch W4A16 MoE, written
-separately, with bf16 rounding at different points) on weights quantized by winport.demo.quantize.
+``round_like_kernel`` it also rounds to bf16 where the kernel stores bf16), and, as independent
+checks, winport.patches.cpu_mxfp4_moe.mxfp4_moe (the CPU serving path's torch W4A16 MoE, written
+separately, with bf16 rounding at different points) on weights quantized by winport.demo.quantize,
+and GGUF MXFP4 experts quantized by gguf-py, repacked by winport.gguf.mxfp4_repack (what the GGUF
+loader writes) and compared with a MoE on gguf-py's own dequantized weights.
 
 Tolerance (``error_bound``): an elementwise first-order bound, computed from the float64
 intermediates of the exact result, on every rounding the implementation makes:
@@ -304,6 +306,48 @@ def test_mxfp4_moe_vs_cpu_serving_reference() -> None:
     check(theirs, exact, b_cpu, "cpu_mxfp4_moe vs float64", loosest=0.5)
     err = (ours.double() - theirs.double()).abs()
     assert (err <= b_ours + b_cpu).all()
+
+
+def test_mxfp4_moe_on_gguf_experts() -> None:
+    """GGUF MXFP4 experts (quantized by gguf-py) through winport's GGUF repack feed the kernel as they
+    are; the reference MoE uses gguf-py's own dequantization (independent of this module's)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from winport.gguf.mxfp4_repack import gguf_mxfp4_to_kt
+
+    t, e, k, h, i = 10, 4, 2, 128, 64
+    mx = gguf.GGMLQuantizationType.MXFP4
+    w13, s13, w2, s2, dense13, dense2 = [], [], [], [], [], []
+    for _ in range(e):
+        mats = {}
+        for name, (n, kk) in (("gate", (i, h)), ("up", (i, h)), ("down", (h, i))):
+            raw = gguf.quants.quantize((np.random.default_rng(len(w13) * 3 + len(mats)).standard_normal((n, kk))
+                                        * 0.1).astype(np.float32), mx)
+            mats[name] = (gguf_mxfp4_to_kt(raw, n, kk), gguf.quants.dequantize(raw, mx).astype(np.float64))
+        w13.append(np.concatenate([mats["gate"][0][0], mats["up"][0][0]]))  # gate rows, then up rows
+        s13.append(np.concatenate([mats["gate"][0][1], mats["up"][0][1]]))
+        w2.append(mats["down"][0][0])
+        s2.append(mats["down"][0][1])
+        dense13.append(np.concatenate([mats["gate"][1], mats["up"][1]]))
+        dense2.append(mats["down"][1])
+    experts = [torch.from_numpy(np.stack(a)) for a in (w13, s13, w2, s2)]
+    x = torch.randn(t, h).bfloat16()
+    ids, tw = routing(t, e, k)
+    out = mm.mxfp4_moe(x, *experts, ids, tw, 10.0)
+    # Reference with the kernel's bf16 rounding points, on gguf-py's dequantized weights.
+    ref = torch.zeros(t, h, dtype=torch.float64)
+    for tok in range(t):
+        for slot in range(k):
+            ex = int(ids[tok, slot])
+            gu = x[tok].double() @ torch.from_numpy(dense13[ex]).T
+            g, u = gu[:i].clamp(max=10.0), gu[i:].clamp(-10.0, 10.0)
+            a = (torch.nn.functional.silu(g) * u).bfloat16().double()
+            ref[tok] += ((a @ torch.from_numpy(dense2[ex]).T) * float(tw[tok, slot])).bfloat16().double()
+    ref = ref.bfloat16().double()
+    assert not torch.isnan(out).any()
+    same = (out.double() == ref).float().mean()
+    assert same >= 0.99, f"only {float(same):.4f} of outputs equal the gguf-py-based reference"
 
 
 @pytest.mark.parametrize("bad,msg", [
