@@ -34,6 +34,10 @@ Maximum context length in tokens (--context-length).
 .PARAMETER Draft
 DSpark draft-model GGUF; by default one found next to the model is used (--draft-model).
 
+.PARAMETER SpeculativeAlgorithm
+DSPARK: speculative decoding with the DSpark draft bundled in the model; CUDA only, refused on the
+CPU (--speculative-algorithm).
+
 .PARAMETER Mmproj
 Vision projector GGUF; by default one found next to the model is used (--mmproj).
 
@@ -94,6 +98,9 @@ param(
 
     [string]$Draft,
 
+    [ValidateSet('DSPARK')]
+    [string]$SpeculativeAlgorithm,
+
     [string]$Mmproj,
 
     [int]$CpuThreads,
@@ -127,6 +134,7 @@ $FlagOf = [ordered]@{
     BindAddress   = '--host'
     ContextLength = '--context-length'
     Draft         = '--draft-model'
+    SpeculativeAlgorithm = '--speculative-algorithm'
     Mmproj        = '--mmproj'
     CpuThreads    = '--cpu-threads'
     MaxRunningRequests = '--max-running-requests'
