@@ -49,9 +49,13 @@ method returns before the DeepGEMM/Marlin/flashinfer branches), and ``apply`` ca
 :func:`mxfp4_moe` with ``dispatch_output.hidden_states``, ``dispatch_output.topk_output`` and the
 runner config's ``swiglu_limit`` / ``routed_scaling_factor``, returning ``StandardCombineInput``. That
 replaces the Triton runner (``MoeRunner(MoeRunnerBackend.TRITON)`` -> ``fused_experts_none_to_triton``
--> ``_fused_moe_kernel_sequence`` on the FP8-dequantized experts). For hot-expert residency under
-kt-kernel (GPU holds a subset of experts), the GPU runner receives topk_ids already remapped to the
-resident slots with -1 for CPU experts, which this kernel skips.
+-> ``_fused_moe_kernel_sequence`` on the FP8-dequantized experts). Under kt-kernel, SGLang 0.5.23's
+KT wrapper (layers/moe/kt_ep_wrapper.py, ``mask_cpu_expert_ids``) hands the GPU method topk_ids with
+every CPU expert set to -1 and the GPU experts being ids 0..num_gpu_experts-1, which this kernel
+takes as is (-1 and ids >= E are skipped); residency of *hot* experts (not the first N) would need
+a remap of ids to resident slots before the call. GGUF stores gate and up as separate tensors
+(ffn_gate_exps, ffn_up_exps): stacking them gate-first (what SGLang's loader does) is a copy, not a
+repack.
 """
 
 from __future__ import annotations
