@@ -42,9 +42,10 @@ FP8_BLOCK_V41 = (32, 32)
 # Rows converted per numpy/torch step: bounds temporaries to ~64 MB of float32.
 _CHUNK_BYTES = 64 << 20
 # Values per parallel work item of the FP8 / bf16 conversions. A Q8_0 -> FP8 item makes ~30 torch
-# and numpy calls that hold the GIL ~45 us in all (measured: 330 us per 131072-value item, 615 us
-# per 262144, one thread, 2-core dev VM); at this size that is ~7% of the item, so the pool can
-# scale to ~10+ threads, while the float32 temporaries (1 MB) still fit a server core's L2.
+# and numpy calls whose Python-level setup holds the GIL, ~50-100 us per item on the 2-core dev VM
+# (RESULTS.md, issue 6: ~11% of a 262144-value item, ~22% of the 131072-value items before), which
+# bounds how far the pool scales; the float32 temporaries (1 MB) still fit a server core's L2, and
+# a 6.5M-value V4.1 tensor still makes 25 items for the threads to share.
 _TILE_VALUES = 262144
 
 
