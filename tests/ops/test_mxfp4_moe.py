@@ -177,19 +177,21 @@ def test_mxfp4_moe_all_tokens_one_expert() -> None:
 
 
 def test_mxfp4_moe_invalid_ids_contribute_zero() -> None:
-    """-1 (no expert / EP-masked) slots add nothing; a token with no expert gets exact zeros."""
+    """-1 (no expert / CPU expert under KT) and out-of-range ids add nothing; a token with no expert gets zeros."""
     t, e, k, h, i = 9, 5, 3, 64, 64
     x = torch.randn(t, h).bfloat16()
     ids, tw = routing(t, e, k)
     ids[0] = -1
     ids[3, 1] = -1
     ids[5, 0] = -1
+    ids[7, 2] = e  # out of range (an EP rank's foreign expert): skipped like -1
     experts = make_experts(e, h, i)
     out = run_both(x, experts, ids, tw)
     assert (out[0] == 0).all()
     # The masked slots are dropped, not computed with some expert: routing them to expert 0 with
     # router weight 0 gives the same output.
-    keep = mm.mxfp4_moe_ref(x, *experts, ids.clamp(min=0), tw * (ids >= 0), 10.0, round_like_kernel=True)
+    valid = (ids >= 0) & (ids < e)
+    keep = mm.mxfp4_moe_ref(x, *experts, torch.where(valid, ids, 0), tw * valid, 10.0, round_like_kernel=True)
     assert torch.equal(out.double(), keep)
 
 
