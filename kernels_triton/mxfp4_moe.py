@@ -67,6 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_triton.fp8_gemm import _round_bf16  # the same nearest-even interpreter stand-in
 from kernels_triton.moe_align import moe_align_block_size_ref
 from kernels_triton.moe_sum import moe_sum_triton
 
@@ -103,14 +104,6 @@ def pick_config(num_slots: int, num_experts: int) -> MoeConfig:
     if rows <= 48:
         return CONFIGS[32]
     return CONFIGS[64]
-
-
-@triton.jit
-def _round_bf16(x):
-    """fp32 -> nearest-even bf16 value, kept in fp32 (interpreter stand-in for .to(bf16))."""
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -37,6 +37,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from roofline import graph_time  # noqa: E402  (sibling module: scripts/bench is on sys.path)
+
 from kernels_triton import mxfp4_moe as mm  # noqa: E402
 
 SWEEP = [mm.MoeConfig(16, 64, 128, 4, 3), mm.MoeConfig(16, 128, 128, 4, 3), mm.MoeConfig(16, 64, 256, 4, 4),
@@ -68,14 +70,7 @@ def bench(fn: Callable[[], object], reps: int = 30) -> float:
 
 def graph_bench(calls: list[Callable[[], object]], reps: int = 20) -> float:
     """Milliseconds per call of `calls` captured in one CUDA graph (GPU time only, no launch overhead)."""
-    for f in calls:
-        f()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in calls:
-            f()
-    return bench(g.replay, reps) / len(calls)
+    return graph_time(lambda: [f() for f in calls], iters=reps) * 1e3 / len(calls)
 
 
 def copy_bandwidth(dev: str) -> float:
