@@ -65,6 +65,11 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
+def gpu_mxfp4_moe() -> bool:
+    """Whether the user opted into winport's MXFP4 MoE kernel on CUDA (WINPORT_GPU_MXFP4_MOE=1)."""
+    return os.environ.get("WINPORT_GPU_MXFP4_MOE", "0") == "1"
+
+
 def sglang_switches(device: str) -> dict[str, str]:
     """SGLang's own environment switches that keep it off CUDA JIT kernels (no patch needed)."""
     env = {
@@ -83,11 +88,15 @@ def sglang_switches(device: str) -> dict[str, str]:
         # module with no distribution metadata.
         "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
     }
-    if device != "cpu":
+    if device != "cpu" and gpu_mxfp4_moe():
+        # Opt-in: the experts stay packed MXFP4 and run in winport's Triton W4A16 kernel
+        # (winport.patches.cuda_mxfp4_moe); SGLANG_DSV4_FP4_DEQUANT must stay unset for that.
+        env["WINPORT_GPU_MXFP4_MOE"] = "1"
+    elif device != "cpu":
         # MXFP4 routed experts: SGLang's CUDA choice is flashinfer's MXFP4 MoE, which has no Windows
         # build. Dequantized to FP8 blocks at load they run in SGLang's Triton fused MoE (its
-        # activation quantization through winport.patches.cuda_jit_quant). GPU-resident experts in
-        # 4 bits need a MXFP4 MoE kernel of winport's own (not written yet).
+        # activation quantization through winport.patches.cuda_jit_quant). WINPORT_GPU_MXFP4_MOE=1
+        # keeps them 4-bit instead (winport's own kernel, not yet the default).
         env["SGLANG_DSV4_FP4_DEQUANT"] = "1"
     if device == "cpu":
         env.update({
@@ -179,6 +188,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         # aid: slower, same results).
         if os.environ.get("WINPORT_CUDA_GRAPH") == "0":
             sg += ["--disable-cuda-graph"]
+        if gpu_mxfp4_moe():
+            # Without it SGLang's DeepSeek-V4 override picks flashinfer_mxfp4 for packed experts on
+            # sm90/sm100/sm120; the Triton backend leaves them to Fp8MoEMethod, which the patch serves.
+            sg += ["--moe-runner-backend", "triton"]
     if device != "cpu" and args.vram_gib is not None:
         import torch
 
