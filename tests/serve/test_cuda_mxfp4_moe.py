@@ -25,6 +25,7 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 
 from kernels_triton import mxfp4_moe as mm  # noqa: E402
+from tests.helpers import run_python  # noqa: E402
 from tests.ops.test_mxfp4_moe import check, error_bound, make_experts  # noqa: E402
 from winport.patches import cuda_mxfp4_moe as patch  # noqa: E402
 from winport.serve import command  # noqa: E402
@@ -202,3 +203,35 @@ def test_serve_plan_keeps_experts_packed_only_when_opted_in(monkeypatch: pytest.
     plan = _cuda_plan(monkeypatch, tmp_path, opt_in=False)
     assert plan.env["SGLANG_DSV4_FP4_DEQUANT"] == "1"
     assert "--moe-runner-backend" not in plan.argv and patch.ENV not in plan.env
+
+
+THROUGH_SGLANG = """
+import torch
+from winport import patches
+patches.register_all()
+from sglang.srt.plugins.hook_registry import HookRegistry
+HookRegistry.apply_hooks()
+from sglang.srt.layers.quantization import fp8
+fp8._is_cuda = True
+from kernels_triton.mxfp4_moe import mxfp4_moe
+from tests.serve.test_cuda_mxfp4_moe import T, H, _dispatch, _layer, _routing
+gen = torch.Generator().manual_seed(SEED)
+method, layer, experts = _layer(gen)
+assert method.process_weights_after_loading_block_quant(layer) is None
+assert layer._winport_cuda_mxfp4
+x = torch.randn(T, H, generator=gen).bfloat16()
+ids, tw = _routing(gen)
+out = method.apply(layer, _dispatch(x, ids, tw)).hidden_states
+assert torch.equal(out, mxfp4_moe(x, *experts, ids, tw, 10.0, 1.5)), "apply differs from the kernel"
+print("served by winport")
+"""
+
+
+def test_registered_hooks_chain_through_sglang_methods() -> None:
+    """All winport patches registered and applied by SGLang's HookRegistry (the cpu_mxfp4_moe and
+    cuda_fp4_dequant_block_shape hooks sit on the same methods): Fp8MoEMethod's own entry points
+    reach the kernel on (faked) CUDA."""
+    proc = run_python(THROUGH_SGLANG.replace("SEED", str(SEED)),
+                      env={"TRITON_INTERPRET": "1", patch.ENV: "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("served by winport")
