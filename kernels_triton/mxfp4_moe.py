@@ -40,8 +40,9 @@ bf16-exact values (the interpreter mis-multiplies bf16 dots) and round fp32 -> b
 (nearest-even; the interpreter truncates), and the final top-k sum goes through an fp32 buffer and
 torch's rounding cast for the same reason. GPU launches use EMULATE_BF16=False.
 
-Not wired into SGLang or ``winport serve`` yet (it has not run on a GPU). How it would be wired:
-a patch in winport/patches/ (like cpu_mxfp4_moe.py) on sglang 0.5.23
+Wired into SGLang only on request: ``WINPORT_GPU_MXFP4_MOE=1`` with ``winport serve`` on CUDA turns on
+winport.patches.cuda_mxfp4_moe (tested on CPU through SGLang's own Fp8MoEMethod; not yet run on a
+GPU, so not the default). How it is wired: a patch on sglang 0.5.23
 ``srt/layers/quantization/fp8.py:Fp8MoEMethod``: with SGLANG_DSV4_FP4_DEQUANT=0 on CUDA,
 ``process_weights_after_loading_block_quant`` keeps ``w13_weight`` / ``w2_weight`` int8 packed and
 ``w13_weight_scale_inv`` / ``w2_weight_scale_inv`` float32 [E, N, K/32] as loaded (the patched

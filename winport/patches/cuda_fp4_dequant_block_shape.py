@@ -1,8 +1,9 @@
 """MXFP4 experts dequantized to block FP8 on CUDA: the MoE's block shape follows the new scales.
 
 Targets sglang 0.5.23 `srt/layers/quantization/fp8.py:Fp8MoEMethod.process_weights_after_loading_block_quant`.
-With SGLANG_DSV4_FP4_DEQUANT=1 (what `winport serve` sets on CUDA: no MXFP4 MoE kernel exists on
-Windows) its CUDA branch turns each expert's MXFP4 weight into FP8 with `cast_e2m1fn_to_e4m3fn`,
+With SGLANG_DSV4_FP4_DEQUANT=1 (what `winport serve` sets on CUDA unless WINPORT_GPU_MXFP4_MOE=1
+selects winport's MXFP4 MoE kernel, see winport.patches.cuda_mxfp4_moe; flashinfer's has no Windows
+build) its CUDA branch turns each expert's MXFP4 weight into FP8 with `cast_e2m1fn_to_e4m3fn`,
 whose scales come in [128, 128] blocks (`fp8_block_size = 128` there), but it leaves the method's
 `weight_block_size` at the checkpoint's dense block size. The Triton fused MoE then reads the scales
 with `block_shape=self.weight_block_size` (`get_triton_quant_info`). DeepSeek-V4 checkpoints use
