@@ -192,7 +192,10 @@ def test_demo_server_answers_a_chat_completion(windows_python: wine_harness.Prov
     reader.start()
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 480  # Wine + torch import + SGLang start on 2 cores
+        # Wine + torch import + SGLang start on 2 cores: 480 s was enough until 2026-11-29; on
+        # 2026-11-30 a quiet run of this test alone reached SGLang's "Tree cache initialized" (seconds
+        # before ready) at 480 s, so the wait is 720 s. A start that never finishes still fails.
+        deadline = time.monotonic() + 720
         models: dict[str, object] | None = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
