@@ -7,8 +7,8 @@ mmproj in llama.cpp's clip spelling. What SGLang 0.5.23 expects (read from its s
   config.json, served with ``--speculative-algorithm DSPARK`` (draft path = the model path); DSpark
   runs on CUDA/NPU/XPU only, so on the CPU the draft is checked but not used;
 - mmproj: V4.1's vision tower lives in the model checkpoint (vision.*, aligner.*, image_*) and is
-  built only for model_type deepseek_v41 with vision_n_layers > 0; winport's converted checkpoints carry no
-  vision hparams, so the projector is checked and converted into <checkpoint>/mmproj but not served.
+  built only for model_type deepseek_v41 with vision_n_layers > 0, so the projector is bundled into the
+  model's shards with the vision keys in config.json, and served.
 """
 
 from __future__ import annotations
@@ -27,20 +27,21 @@ from winport.gguf import GGUFError, open_gguf
 from winport.gguf.to_checkpoint import gguf_to_checkpoint, sidecars
 
 from .conftest import write_gguf
-from .test_model_load import KV, H, V, _bf16, _f32, _q8, tiny_v41_tensors
+from .test_model_load import KV, E, H, L, V, _bf16, _f32, _q8, tiny_v41_tensors
 
 TOKENIZER_KV = {
     "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "deepseek-v3",
     "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1,
 }
+IMAGE_TOKEN = "<｜deepseek_image｜>"
 RANK, D, INTER = 16, 32, 48  # Markov rank; vision dim and MLP width
 
 
 def _tokens() -> dict:
     toks = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "a", "b", "ab"]
-    toks += [f"t{i}" for i in range(V - len(toks))]
+    toks += [f"t{i}" for i in range(V - len(toks) - 1)] + [IMAGE_TOKEN]  # the image token, last
     return {"tokenizer.ggml.tokens": toks, "tokenizer.ggml.merges": ["a b"],
-            "tokenizer.ggml.token_type": [3, 3] + [1] * (len(toks) - 2)}
+            "tokenizer.ggml.token_type": [3, 3] + [1] * (len(toks) - 3) + [3]}
 
 
 def draft_tensors(rng: np.random.Generator) -> dict:
@@ -82,11 +83,16 @@ def mmproj_tensors(rng: np.random.Generator) -> dict:
     return t
 
 
+def with_vl_biases(t: dict, rng: np.random.Generator) -> dict:
+    """The model's tensors plus the VL routing bias of every layer (needed to serve images)."""
+    return {**t, **{f"blk.{i}.exp_probs_b_vl.bias": _f32(rng, E) for i in range(L)}}
+
+
 @pytest.fixture
 def model_dir(tmp_path: Path, rng: np.random.Generator) -> tuple[Path, dict, dict]:
     d = tmp_path / "models"
     d.mkdir()
-    write_gguf(d / "DeepSeek-V4.1-Flash-UD-Q4_K_XL.gguf", "deepseek41", tiny_v41_tensors(rng),
+    write_gguf(d / "DeepSeek-V4.1-Flash-UD-Q4_K_XL.gguf", "deepseek41", with_vl_biases(tiny_v41_tensors(rng), rng),
                {**KV, **TOKENIZER_KV, **_tokens()})
     dt, mt = draft_tensors(rng), mmproj_tensors(rng)
     write_gguf(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf", "deepseek41", dt, DRAFT_KV)
@@ -127,14 +133,17 @@ def test_sidecars_found_next_to_model_are_bundled(model_dir: tuple[Path, dict, d
     ref = open_gguf(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf")["blk.0.dspark_main_proj.weight"].dequantize()
     np.testing.assert_allclose(w["mtp.0.main_proj.weight"].float().numpy(), ref, rtol=2**-8, atol=0)
     assert not any(k.startswith("mtp.") and ".embed." in k and "markov" not in k for k in w)
-    # mmproj: own folder, SGLang's V4.1 vision names, gate and up stacked into w1.
-    v = load_file(str(folder / "mmproj" / "model.safetensors"))
+    # mmproj: in the model's shards, SGLang's V4.1 vision names, gate and up stacked into w1.
+    v = {k: t for k, t in w.items() if k.startswith(("vision.", "aligner.", "image_"))}
     gate_up = np.concatenate([mt["v.blk.1.ffn_gate.weight"][1], mt["v.blk.1.ffn_up.weight"][1]], axis=0)
     np.testing.assert_array_equal(_bits(v["vision.blocks.1.mlp.w1.weight"]), gate_up.view(np.uint8).reshape(-1))
     assert set(v) >= {"vision.patch_embed.proj.weight", "vision.norm.weight", "aligner.w2.bias", "image_newline"}
-    assert not any(k.startswith(("vision.", "aligner.", "image_")) for k in w)  # never in the model shards
-    vc = json.loads((folder / "mmproj" / "vision_config.json").read_text())
+    # The file has no attention biases: SGLang's VisionAttention has them, so they are zeros.
+    assert not v["vision.blocks.0.attn.wqkv.bias"].any() and v["vision.blocks.0.attn.wqkv.bias"].shape == (3 * D,)
+    vc = cfg
     assert vc["vision_n_layers"] == 2 and vc["vision_dim"] == D and vc["vision_downsample_ratio"] == 2
+    assert vc["model_type"] == "deepseek_v41" and vc["vision_min_pixels"] == 295936  # SGLang's default
+    assert vc["image_token_id"] == V - 1  # looked up in the model's tokenizer
     side = sidecars(folder)
     assert side["draft"]["stages"] == 2 and side["mmproj"]["tensors"] == len(v)
     # Without sidecars: another cache entry, no mtp.* tensors.
@@ -159,7 +168,7 @@ def test_serve_plan_dspark_on_cuda(model_dir: tuple[Path, dict, dict], tmp_path:
     assert a[a.index("--speculative-algorithm") + 1] == "DSPARK"
     assert a[a.index("--speculative-draft-model-path") + 1] == str(plan.model_path)
     assert "mtp.0.main_proj.weight" in load_file(str(plan.model_path / "model.safetensors"))
-    assert "vision projector found next to the model" in capsys.readouterr().out  # found, converted, not served
+    assert "bundled into the model: image inputs are served" in capsys.readouterr().out
 
 
 def test_serve_plan_cpu_notes_and_refusals(model_dir: tuple[Path, dict, dict], tmp_path: Path,
@@ -171,17 +180,16 @@ def test_serve_plan_cpu_notes_and_refusals(model_dir: tuple[Path, dict, dict], t
     assert "--speculative-algorithm" not in plan.argv
     out = capsys.readouterr().out
     assert "DSpark draft found next to the model but not used" in out and "only on CUDA, NPU or XPU" in out
-    assert "model_type deepseek_v41" in out
     # Named by flag: refused with the reason, before the model is converted (fresh cache stays empty).
     monkeypatch.setenv("WINPORT_CACHE", str(tmp_path / "cache2"))
     draft = d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf"
     with pytest.raises(ServeError, match=r"--draft-model .*only on CUDA, NPU or XPU.*usable DSpark draft"):
         _plan(["--model", str(_main(d)), "--device", "cpu", "--draft-model", str(draft)], monkeypatch, tmp_path / "x")
-    with pytest.raises(ServeError, match=r"--mmproj .*model_type deepseek_v41"):
-        _plan(["--model", str(_main(d)), "--device", "cpu", "--mmproj", str(d / "mmproj-BF16.gguf")],
-              monkeypatch, tmp_path / "y")
-    for sub in ("x", "y"):
-        assert not (tmp_path / sub / "cache" / "gguf").exists()
+    assert not (tmp_path / "x" / "cache" / "gguf").exists()
+    # A projector named by flag is served (bundled into the checkpoint), on the CPU too.
+    plan = _plan(["--model", str(_main(d)), "--device", "cpu", "--mmproj", str(d / "mmproj-BF16.gguf")],
+                 monkeypatch, tmp_path / "y")
+    assert sidecars(plan.model_path)["mmproj"]["source"] == [str(d / "mmproj-BF16.gguf")]
 
 
 def test_draft_named_by_flag_elsewhere(model_dir: tuple[Path, dict, dict], tmp_path: Path,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from winport.demo.config import demo_config
 from winport.demo.tokenizer import write_tokenizer
+from winport.demo.vision import IMAGE_TOKEN
 from winport.demo.weights import demo_state_dict
 
 STAMP = "winport-demo.json"
@@ -19,7 +20,7 @@ FORMAT_VERSION = 4
 def default_quantized(variant: str) -> bool:
     """Whether a variant is written in DeepSeek's FP8 + MXFP4 format by default (both are; `--bf16`
     writes the same values plainly)."""
-    return variant in ("v4", "v41")
+    return variant in ("v4", "v41", "v41-vision")
 
 
 def default_dir(variant: str = "v4", quantized: bool | None = None) -> Path:
@@ -71,7 +72,9 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     tmp.mkdir(parents=True, exist_ok=True)
     config = demo_config(variant)
     say("training the tokenizer")
-    vocab = write_tokenizer(tmp, config["vocab_size"])
+    # The vision variant's image token is added after training: the trained vocabulary stays the V4.1 demo's.
+    extra = [IMAGE_TOKEN] if variant == "v41-vision" else []
+    vocab = write_tokenizer(tmp, config["vocab_size"] - len(extra), extra_special=extra)
     if vocab != config["vocab_size"]:
         raise RuntimeError(f"tokenizer has {vocab} tokens, config says {config['vocab_size']}")
     # quantization_config only in the file: the generator below works on the plain architecture.
@@ -81,10 +84,14 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     (tmp / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 0, "eos_token_id": 1, "do_sample": False}, indent=1) + "\n")
     say("generating weights")
-    if variant == "v41":
+    if variant.startswith("v41"):
         from winport.demo.weights_v41 import demo_state_dict_v41
 
         tensors = demo_state_dict_v41(config, seed=seed)
+        if variant == "v41-vision":
+            from winport.demo.vision import vision_tensors
+
+            tensors = dict(sorted({**tensors, **vision_tensors(config, seed)}.items()))
     else:
         tensors = demo_state_dict(config, seed=seed)
     # The bf16 form of a quantized variant holds the quantize-dequantize values: the same model.

@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
     """Build (or check) the demo model folder."""
     ap = argparse.ArgumentParser(prog="winport demo-model", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="folder (default: the winport cache)")
-    ap.add_argument("--variant", choices=["v4", "v41"], default="v4")
+    ap.add_argument("--variant", choices=["v4", "v41", "v41-vision"], default="v4")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--force", action="store_true", help="rebuild even when a current copy exists")
     ap.add_argument("--bf16", action="store_true",

@@ -14,17 +14,23 @@ from typing import Any
 VOCAB_SIZE = 1024
 
 
-VARIANTS = ("v4", "v41")
+VARIANTS = ("v4", "v41", "v41-vision")
 
 
 def demo_config(variant: str = "v4") -> dict[str, Any]:
-    """The config dict of the demo model: 'v4' (DeepSeek-V4) or 'v41' (V4.1, see v41_config)."""
+    """The config dict of the demo model: 'v4' (DeepSeek-V4), 'v41' (V4.1, see v41_config) or
+    'v41-vision' (V4.1 with a vision tower, see winport.demo.vision)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown demo variant {variant!r} (known: {', '.join(VARIANTS)})")
-    if variant == "v41":
+    if variant in ("v41", "v41-vision"):
         from winport.demo.config_v41 import v41_config
 
-        return v41_config(_v4_config())
+        cfg = v41_config(_v4_config())
+        if variant == "v41-vision":
+            from winport.demo.vision import vision_config
+
+            cfg = vision_config(cfg)
+        return cfg
     return _v4_config()
 
 

@@ -57,10 +57,10 @@ MXFP4_EXPERT = re.compile(r"^(layers|mtp)\.\d+\.ffn\.experts\.\d+\.w[123]\.weigh
 
 
 def block_for(variant: str) -> tuple[int, int]:
-    """The FP8 weight block of a demo variant: [128, 128] for V4, [32, 32] for V4.1."""
-    if variant not in ("v4", "v41"):
-        raise ValueError(f"unknown demo variant {variant!r} (known: v4, v41)")
-    return V41_BLOCK if variant == "v41" else DEFAULT_BLOCK
+    """The FP8 weight block of a demo variant: [128, 128] for V4, [32, 32] for V4.1 (with or without vision)."""
+    if variant not in ("v4", "v41", "v41-vision"):
+        raise ValueError(f"unknown demo variant {variant!r} (known: v4, v41, v41-vision)")
+    return V41_BLOCK if variant.startswith("v41") else DEFAULT_BLOCK
 
 
 def quantization_config(block: tuple[int, int] = DEFAULT_BLOCK) -> dict[str, Any]:

@@ -43,9 +43,17 @@ def train_tokenizer(vocab_size: int) -> object:
     return tok
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int) -> int:
-    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json; return the vocab size."""
+def write_tokenizer(out_dir: Path, vocab_size: int, extra_special: list[str] | None = None) -> int:
+    """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json; return the vocab size.
+
+    ``extra_special``: special tokens added after training, at ids vocab_size, vocab_size + 1, ...
+    (the trained vocabulary is the same with or without them).
+    """
     tok = train_tokenizer(vocab_size)
+    if extra_special:
+        from tokenizers import AddedToken
+
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in extra_special])
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     config = {

@@ -613,7 +613,10 @@ class LoadedGGUF:
         return plan_mmproj(self.mmproj)
 
     def mmproj_weights(self, *, copy: bool = True) -> Iterator[tuple[str, Any]]:
-        """Yield the vision projector's tensors under SGLang's V4.1 vision names (bfloat16 or as stored)."""
+        """Yield the vision projector's tensors under SGLang's V4.1 vision names (bfloat16 or as stored),
+        plus a zero bias (float32) for each bias SGLang's modules have and the file does not carry."""
+        from .vision import zero_biases
+
         plan = self.mmproj_plan()
         if plan is None:
             return
@@ -621,6 +624,9 @@ class LoadedGGUF:
         for target, sources in plan.tensors.items():
             parts = [to_float(self.mmproj[g], copy=copy) for g in sources]
             yield target, parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+        for target in zero_biases(plan, int(plan.config["vision_n_layers"])):
+            rows = sum(int(self.mmproj[g].shape[0]) for g in plan.tensors[target[: -len("bias")] + "weight"])
+            yield target, torch.zeros(rows, dtype=torch.float32)
 
     def kt_experts(self, layer: int) -> dict[str, Iterator[tuple[int, np.ndarray, np.ndarray]]]:
         """kt-kernel MXFP4 layout per role ("w1", "w3", "w2"): iterators of (expert, nibbles, E8M0)."""

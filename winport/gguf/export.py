@@ -32,6 +32,9 @@ Q8_0_BYTES = 34  # fp16 scale + 32 int8
 MXFP8_BLOCK = 256  # fork type 43 (winport.gguf.types): 8 E8M0 scales, then 256 e4m3 values
 MXFP8_BYTES = 264
 MXFP8_TYPE_ID = 43
+# Checkpoint tensors and config keys of the V4.1 vision tower: written to the mmproj GGUF only.
+_VISION_PREFIXES = ("vision.", "aligner.", "image_")
+VISION_CONFIG_PREFIXES = ("vision_", "image_token_id")
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,10 @@ _ST_TO_NP = {"BF16": np.int16, "F32": np.float32, "F16": np.float16, "I32": np.i
 
 
 def _model_name(name: str) -> str | None:
-    """The model GGUF holds every checkpoint tensor but the bundled DSpark draft's ``mtp.*``."""
-    return None if name.startswith("mtp.") else name
+    """The model GGUF holds every checkpoint tensor but the bundled DSpark draft's ``mtp.*`` and the
+    V4.1 vision tower's ``vision.*`` / ``aligner.*`` / ``image_*`` (those go to the mmproj GGUF,
+    :func:`mmproj_to_gguf`, as llama.cpp splits them)."""
+    return None if name.startswith(("mtp.", *_VISION_PREFIXES)) else name
 
 
 def _draft_name(name: str) -> str | None:
@@ -333,7 +338,9 @@ def _bundles_draft(config: dict[str, Any]) -> bool:
 
 def model_config(config: dict[str, Any]) -> dict[str, Any]:
     """config.json as the model GGUF carries it: without a bundled DSpark draft's keys (those go to
-    the draft GGUF; the model file then says num_nextn_predict_layers 0, the table's default)."""
+    the draft GGUF; the model file then says num_nextn_predict_layers 0, the table's default) and
+    without the vision keys (``vision_*``, ``image_token_id``: the mmproj GGUF's)."""
+    config = {k: v for k, v in config.items() if not k.startswith(VISION_CONFIG_PREFIXES)}
     if not _bundles_draft(config):
         return dict(config)
     out = {k: v for k, v in config.items() if k not in DRAFT_CONFIG_KEYS}
@@ -490,7 +497,7 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     """
     from winport.demo.build import ensure_demo
 
-    archs = {"v4": "deepseek4", "v41": "deepseek41"}
+    archs = {"v4": "deepseek4", "v41": "deepseek41", "v41-vision": "deepseek41"}
     if variant not in archs:
         raise GGUFError(f"demo variant {variant!r}: no GGUF architecture for it ({', '.join(archs)})")
     # The plain bf16 form (the same values as the FP8 + MXFP4 demo): GGUF has no FP8 block type.
@@ -505,8 +512,6 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
 
 
 # --- vision projector (mmproj) ---------------------------------------------------------------
-
-_VISION_PREFIXES = ("vision.", "aligner.", "image_")
 
 
 def mmproj_to_gguf(checkpoint_dir: str | Path, out_path: str | Path, *, name: str | None = None) -> Path:

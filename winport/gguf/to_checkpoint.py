@@ -19,12 +19,12 @@ Sidecars (``draft=`` / ``mmproj=``: a path, None to look next to the model, Fals
 - A DSpark draft GGUF is bundled the way SGLang 0.5.23 loads DeepSeek-V4 drafts: its stage
   tensors go into the same shards as ``mtp.<stage>.*`` and config.json gets the ``dspark_*`` keys
   (LoadedGGUF.draft_config), so ``--speculative-algorithm DSPARK`` finds it at the model path.
-- A vision projector (mmproj) GGUF is checked and converted into the ``mmproj/`` subfolder
-  (model.safetensors in SGLang's V4.1 vision names + vision_config.json). It is not put into the
-  model's own shards: SGLang builds the vision tower only for model_type deepseek_v41 configs with
-  vision_n_layers > 0 (a deepseek41 GGUF gives model_type deepseek_v41, but vision_n_layers only
-  when the file has the hparam) and the projector's llama.cpp names are unconfirmed (see
-  winport.serve.command for what the server does with it).
+- A vision projector (mmproj) GGUF is bundled the way SGLang 0.5.23 loads DeepSeek-V4.1's vision
+  tower: its tensors go into the model's shards under SGLang's names (vision.*, aligner.*,
+  image_*; deepseek41_mmproj_names.toml) and config.json gets the vision keys (vision_n_layers,
+  vision_dim, ..., image_token_id), from the projector's clip.vision.* hparams or documented
+  defaults, printed (winport.gguf.vision). The projector must fit the model (a V4.1 model, aligner
+  output = hidden size, VL routing biases present): checked before anything is converted.
 - V4.1 engram tables (role ``engram``, MXFP8 or F8_E4M3_B128) are written as
   ``layers.N.engram.embed.weight`` / ``.scale`` (:class:`EngramStream`), byte copies streamed from
   the memory map into the shard in chunks (``engram_chunk_bytes``): a 100 GB table never sits in
@@ -53,7 +53,7 @@ from typing import Any, BinaryIO
 
 from .reader import GGUFError
 
-FORMAT_VERSION = 2  # bump when the converter writes something different
+FORMAT_VERSION = 3  # bump when the converter writes something different
 STAMP = "winport-gguf.json"
 SHARD_BYTES = 2 << 30
 # Bytes of source blocks read per step when streaming an engram table: bounds the extra memory of
@@ -272,6 +272,9 @@ def gguf_to_checkpoint(
         # Sidecars are checked first: a bad one is reported at start, not after the model.
         draft_cfg = loaded.draft_config()
         mm_plan = loaded.mmproj_plan()
+        vision_cfg: dict[str, Any] = {}
+        if mm_plan is not None:
+            vision_cfg = check_mmproj(loaded)
         root = Path(cache) if cache else cache_dir()
         paths = list(loaded.model.paths)
         for side in (loaded.draft, loaded.mmproj):
@@ -298,7 +301,7 @@ def gguf_to_checkpoint(
         tmp.mkdir(parents=True)
         try:
             _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root,
-                          draft_cfg, mm_plan, engram_chunk_bytes)
+                          draft_cfg, mm_plan, engram_chunk_bytes, vision_cfg)
             if folder.exists():
                 shutil.rmtree(folder)
             tmp.rename(folder)
@@ -411,12 +414,29 @@ def engram_tensors(loaded: Any, config: dict[str, Any], chunk_bytes: int = ENGRA
     return out
 
 
+def check_mmproj(loaded: Any, say: bool = True) -> dict[str, Any]:
+    """The vision keys config.json gets from ``loaded``'s projector, after checking that it fits the
+    model (winport.gguf.vision); prints the keys that were defaulted. GGUFError names the file."""
+    from .hparams import config_from_metadata
+    from .vision import check_vl_biases, mmproj_config
+
+    plan = loaded.mmproj_plan()
+    config = config_from_metadata(loaded.metadata, list(loaded.model.tensors))
+    vision, source = mmproj_config(loaded, plan, config)
+    check_vl_biases(loaded, config)
+    if say and source:
+        _say(f"{loaded.mmproj.paths[0].name}: vision keys not in the file: "
+             + ", ".join(f"{k}={vision.get(k)} ({why})" for k, why in sorted(source.items())))
+    return vision
+
+
 def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
                   progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any,
-                  engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES) -> None:
+                  engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES, vision_cfg: dict[str, Any] | None = None) -> None:
     meta = loaded.metadata
     config = config_from_metadata(meta, list(loaded.model.tensors))
     config.update(draft_cfg)
+    config.update(vision_cfg or {})
     if dense_fp8:
         config["quantization_config"] = loaded.quant_config()
     (tmp / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
@@ -429,16 +449,19 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
     writer = _ShardWriter(tmp, shard_bytes)
     seen: set[str] = set()
     n_draft = 0
-    streams = [loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True)]
+    n_vision = 0
+    streams = [(loaded.model, loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True))]
     if loaded.draft is not None:
-        streams.append(loaded.draft_weights(progress=progress, dense_fp8=dense_fp8))
-    for i, stream in enumerate(streams):
+        streams.append((loaded.draft, loaded.draft_weights(progress=progress, dense_fp8=dense_fp8)))
+    if mm_plan is not None:
+        streams.append((loaded.mmproj, loaded.mmproj_weights()))
+    for src, stream in streams:
         for name, t in stream:
             if name in seen:
-                src = loaded.model.paths[0] if i == 0 else loaded.draft.paths[0]
-                raise GGUFError(f"{src}: tensor {name!r} produced twice")
+                raise GGUFError(f"{src.paths[0]}: tensor {name!r} produced twice")
             seen.add(name)
-            n_draft += i
+            n_draft += src is loaded.draft
+            n_vision += src is loaded.mmproj
             writer.add(name, t)
     for group in engram_tensors(loaded, config, engram_chunk_bytes):
         for name, *_ in group.parts:
@@ -453,16 +476,8 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
         stamp["draft"] = {"source": [str(p) for p in loaded.draft.paths], "tensors": n_draft,
                           "stages": draft_cfg["num_nextn_predict_layers"], "config": draft_cfg}
     if mm_plan is not None:
-        sub = tmp / "mmproj"
-        sub.mkdir()
-        mm_writer = _ShardWriter(sub, shard_bytes)
-        for name, t in loaded.mmproj_weights():
-            mm_writer.add(name, t)
-        files = mm_writer.finish()
-        (sub / "vision_config.json").write_text(json.dumps(mm_plan.config, indent=1, sort_keys=True) + "\n")
-        stamp["mmproj"] = {"source": [str(p) for p in loaded.mmproj.paths], "folder": "mmproj",
-                           "files": files, "tensors": len(mm_plan.tensors), "config": mm_plan.config,
-                           "unknown": mm_plan.unknown}
+        stamp["mmproj"] = {"source": [str(p) for p in loaded.mmproj.paths], "tensors": n_vision,
+                           "config": vision_cfg, "unknown": mm_plan.unknown}
     stamp["files"] = sorted(p.name for p in tmp.iterdir())
     tmp_stamp = tmp / (STAMP + ".tmp")
     tmp_stamp.write_text(json.dumps(stamp, indent=1) + "\n")

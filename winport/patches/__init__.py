@@ -29,6 +29,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_tp_thread_binding",
     "cpu_dsv4_rope_torch",
     "cpu_dsv4_index_kernels_torch",
+    "dsv41_vision_hash_routing",
 )
 
 

@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--demo", action="store_true",
                      help="serve the tiny generated DeepSeek-V4 demo model (CPU when there is no GPU)")
     src.add_argument("--model", type=Path, help="model: a GGUF file or shard, a folder of GGUF files, or a checkpoint folder")
-    ap.add_argument("--demo-variant", choices=["v4", "v41"], default="v4", help="which demo model (default v4)")
+    ap.add_argument("--demo-variant", choices=["v4", "v41", "v41-vision"], default="v4", help="which demo model (default v4)")
     ap.add_argument("--served-model-name", default=None,
                     help="the model name clients send and see (default: the model folder's name; never a "
                          "path, whose drive colon SGLang rejects on Windows)")

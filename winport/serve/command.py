@@ -227,16 +227,12 @@ def build_plan(argv: list[str]) -> LaunchPlan:
 # Why SGLang 0.5.23 cannot use a sidecar here (the file is still checked and converted).
 DRAFT_CPU_REASON = ("SGLang 0.5.23 runs DSpark speculative decoding only on CUDA, NPU or XPU devices "
                     "(sglang/srt/arg_groups/speculative_hook.py, _handle_dspark), and this server runs on the CPU")
-MMPROJ_REASON = ("SGLang 0.5.23 builds the DeepSeek-V4.1 vision tower only for a config with model_type "
-                 "deepseek_v41 and vision_n_layers > 0, loading vision.*/aligner.*/image_* tensors from the model "
-                 "checkpoint itself (models/deepseek_v4.py); winport's converted checkpoint carries no vision hparams "
-                 "(vision_n_layers stays 0) and the projector's llama.cpp tensor names are unconfirmed, so images "
-                 "are not served")
 
 
 def check_sidecar_flags(model: Path, device: str, draft_flag: object, mmproj_flag: object) -> None:
-    """Check sidecars named by flag (GGUFError names the file) and refuse, before the long model
-    conversion, one SGLang cannot use on this device."""
+    """Check sidecars named by flag (GGUFError names the file; a projector must also fit the model,
+    winport.gguf.vision) and refuse, before the long model conversion, one SGLang cannot use on
+    this device."""
     if draft_flag is None and mmproj_flag is None:
         return
     from winport.gguf.convert import load_gguf_model
@@ -244,13 +240,13 @@ def check_sidecar_flags(model: Path, device: str, draft_flag: object, mmproj_fla
     with load_gguf_model(model, draft=Path(str(draft_flag)).expanduser() if draft_flag else False,
                          mmproj=Path(str(mmproj_flag)).expanduser() if mmproj_flag else False) as lm:
         lm.draft_config()
-        lm.mmproj_plan()
+        if lm.mmproj_plan() is not None:
+            from winport.gguf.to_checkpoint import check_mmproj
+
+            check_mmproj(lm, say=False)
     if draft_flag is not None and device == "cpu":
         raise ServeError(f"--draft-model {draft_flag}: {DRAFT_CPU_REASON}. The file was checked: it is a usable "
                          "DSpark draft; leave the flag out to serve without it")
-    if mmproj_flag is not None:
-        raise ServeError(f"--mmproj {mmproj_flag}: {MMPROJ_REASON}. The file was checked: it is a usable "
-                         "projector; leave the flag out to serve text only")
 
 
 def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag: object) -> list[str]:
@@ -259,6 +255,8 @@ def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag:
     DSpark draft: ``--speculative-algorithm DSPARK`` with the draft path = the checkpoint itself (SGLang's
     convention for a draft bundled as mtp.* tensors + dspark_* config keys). A sidecar SGLang cannot use
     is a ServeError when its flag was given, and a printed note when it was only found next to the model.
+    Vision projector: bundled in the checkpoint (vision tensors + vision_* config keys), which SGLang
+    serves as it is (it turns on its V4.1 image processor for such a config); no flag needed.
     """
     from winport.gguf.to_checkpoint import sidecars
 
@@ -272,11 +270,8 @@ def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag:
         else:
             out += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(model_path)]
     if "mmproj" in side:
-        where = model_path / side["mmproj"]["folder"]
-        if mmproj_flag is not None:  # check_sidecar_flags refuses this before converting
-            raise ServeError(f"--mmproj {mmproj_flag}: {MMPROJ_REASON}")
-        print(f"winport serve: vision projector found next to the model (converted into {where}) but not used: "
-              f"{MMPROJ_REASON}", flush=True)
+        src = side["mmproj"]["source"][0]
+        print(f"winport serve: vision projector {src} bundled into the model: image inputs are served", flush=True)
     return out
 
 
