@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
@@ -70,6 +71,10 @@ WINE_WORKAROUNDS: dict[str, str] = {
     "bcryptprimitives.dll stub": "Rust >= 1.78 extensions import ProcessPrng from it; Wine 8 lacks "
                                  "the DLL (tests/windows/wine_stubs/bcryptprimitives.c)",
     "WINEDLLOVERRIDES=mscoree,mshtml=": "keeps wineboot from looking for Mono and Gecko (no network)",
+    "watchdog": "a Windows CPython run that imports SGLang hung twice in 2026-11 CI runs (once in the "
+                "SGLang import test, once in the ops suite, after faulthandler printed 'Windows fatal "
+                "exception'), and never in 7 local repeats: run_python_watched ends such a run early with "
+                "its output, and the wine tier runs it once more, reporting the hang as a warning",
 }
 NUMPY_UNDER_WINE = "numpy==2.1.3"
 
@@ -368,6 +373,57 @@ def run_python(args: Sequence[str], *, env: Mapping[str, str] | None = None, tim
     return subprocess.run(python_command(args), capture_output=True, text=True, encoding="utf-8",
                           errors="replace", env=wine_env(env), cwd=cwd, timeout=timeout,
                           stdin=subprocess.DEVNULL)
+
+
+@dataclass
+class Watched:
+    """What run_python_watched saw: hung names why the run was ended (None: it exited by itself)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    hung: str | None
+
+
+def run_python_watched(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 900,
+                       stall: float | None = None, cwd: Path = REPO_ROOT) -> Watched:
+    """Run Windows CPython like run_python, but end a hung run early and keep its output.
+
+    A run is ended (its process group, then this prefix's Windows processes) when it has not exited
+    after ``timeout`` seconds, or when ``stall`` is given and stdout has been silent that long. The
+    output so far is returned either way, so a hang can be diagnosed (WINE_WORKAROUNDS["watchdog"]).
+    """
+    proc = subprocess.Popen(python_command(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=wine_env(env), cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+    chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+    last_stdout = [time.monotonic()]
+
+    def pump(fd: int, key: str) -> None:
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            chunks[key].append(chunk)
+            if key == "out":
+                last_stdout[0] = time.monotonic()
+
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [threading.Thread(target=pump, args=(proc.stdout.fileno(), "out"), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr.fileno(), "err"), daemon=True)]
+    for r in readers:
+        r.start()
+    start, hung = time.monotonic(), None
+    while proc.poll() is None:
+        time.sleep(1)
+        now = time.monotonic()
+        if now - start > timeout:
+            hung = f"still running after {timeout:.0f} s"
+        elif stall is not None and now - last_stdout[0] > stall:
+            hung = f"no output for {stall:.0f} s (after {now - start:.0f} s)"
+        if hung:
+            stop_python(proc, grace=5)  # type: ignore[arg-type]
+            break
+    for r in readers:
+        r.join(10)
+    text = {k: b"".join(v).decode("utf-8", errors="replace") for k, v in chunks.items()}
+    return Watched(proc.returncode if hung is None else None, text["out"], text["err"], hung)
 
 
 def start_python(args: Sequence[str], *, env: Mapping[str, str] | None = None,
