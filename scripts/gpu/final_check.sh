@@ -1,21 +1,58 @@
 #!/usr/bin/env bash
-# One device call, most important first: (1) the live server tests on CUDA as winport serves by
-# default (decode without CUDA graphs), (2) the GPU op tests of the kernels changed since the last
-# full GPU run, (3) the serving path with CUDA graphs on (WINPORT_CUDA_GRAPH=1), to check the
-# graph-safe DSV4 shims. Each part has its own time limit; logs go to $OUT.
+# The GPU checks still open, most important first, for one or two device calls (each part has its
+# own time limit; a device call allows 600 s). Logs go to $OUT; the live tests also leave each
+# server's log and prompt_logprobs.json in $OUT/servers.
+# Usage (device, repo root, carry .whlserve): bash scripts/gpu/final_check.sh [PART...]
+#   no PART = 1 2 3 4 (about 520 s); then 5 6 7 in a second call.
+#   1  prompt-logprob parity with decode CUDA graphs (the default), then scripts/debug/gpu_parity.py
+#      scores the served values against each modelled activation rounding
+#   2  GPU op tests of the kernels changed since their last GPU run (routing, MXFP4 MoE, rope,
+#      softmax, bitmask, moe_align)
+#   3  MXFP4 MoE benchmark with its reference check and tile sweep
+#   4  DSpark speculative decoding of the V4.1 demo (tests/serve/test_dspark_live.py)
+#   5  live server tests with winport's Triton MXFP4 MoE (WINPORT_GPU_MXFP4_MOE=1)
+#   6  every live server test, eager decode (WINPORT_CUDA_GRAPH=0)
+#   7  GGUF load scaling with conversion threads (scripts/bench/gguf_load.py)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-echo "=== 1. live server tests, CUDA, eager decode ==="
-timeout "${T1:-200}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s > "$OUT/1_live.log" 2>&1
-grep -v "^WARNING: Target" "$OUT/1_live.log" | tail -"${TAIL1:-25}"
-echo "=== 2. GPU op tests (routing, rope, softmax, bitmask, moe_align, scaled mm) ==="
-if [ "${T2:-80}" != 0 ]; then
-SITE=$(mktemp -d); echo "import winport.shimloader as _s; _s.install()" > "$SITE/sitecustomize.py"
-PYTHONPATH="$SITE:$PWD" timeout "${T2:-80}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_moe_routing.py \
-  tests/ops/test_rotary.py tests/ops/test_sampling.py tests/ops/test_bitmask.py tests/ops/test_moe_align.py > "$OUT/2_ops.log" 2>&1
-tail -8 "$OUT/2_ops.log"
-fi
-echo "=== 3. live server with CUDA graphs (WINPORT_CUDA_GRAPH=1) ==="
-WINPORT_CUDA_GRAPH=1 timeout "${T3:-150}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
-  -k "ready or test_chat_completion or prompt_logprobs or greedy" > "$OUT/3_graph.log" 2>&1
-grep -v "^WARNING: Target" "$OUT/3_graph.log" | tail -30
+PARTS=${*:-1 2 3 4}
+ops_site() {  # a bare python on the device has no winport .pth: install the shim finder for it
+  local site; site=$(mktemp -d); echo "import winport.shimloader as _s; _s.install()" > "$site/sitecustomize.py"
+  echo "$site:$PWD"
+}
+quiet() { grep -v "^WARNING: Target" "$1" | tail -"${2:-25}"; }
+for part in $PARTS; do
+  case $part in
+  1) echo "=== 1. prompt-logprob parity, CUDA graphs ==="
+     WINPORT_CUDA_GRAPH=1 timeout "${T1:-170}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
+       -k prompt_logprobs > "$OUT/1_parity.log" 2>&1
+     quiet "$OUT/1_parity.log" 15
+     if [ -f "$OUT/servers/prompt_logprobs.json" ]; then
+       PYTHONPATH=/tmp/site timeout 120 python3 scripts/debug/gpu_parity.py "$OUT/servers/prompt_logprobs.json" 2>&1 | tail -20
+     fi ;;
+  2) echo "=== 2. GPU op tests ==="
+     PYTHONPATH=$(ops_site) timeout "${T2:-110}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+       tests/ops/test_moe_routing.py tests/ops/test_mxfp4_moe.py tests/ops/test_rotary.py tests/ops/test_sampling.py \
+       tests/ops/test_bitmask.py tests/ops/test_moe_align.py > "$OUT/2_ops.log" 2>&1
+     tail -12 "$OUT/2_ops.log" ;;
+  3) echo "=== 3. MXFP4 MoE benchmark ==="
+     PYTHONPATH=$(ops_site) timeout "${T3:-90}" python3 scripts/bench/mxfp4_moe.py --check --sweep \
+       --json "$OUT/mxfp4_moe.json" > "$OUT/3_mxfp4.log" 2>&1
+     tail -30 "$OUT/3_mxfp4.log" ;;
+  4) echo "=== 4. DSpark live ==="
+     timeout "${T4:-150}" bash scripts/gpu/serve_demo.sh tests/serve/test_dspark_live.py -s > "$OUT/4_dspark.log" 2>&1
+     quiet "$OUT/4_dspark.log" 25 ;;
+  5) echo "=== 5. live tests, WINPORT_GPU_MXFP4_MOE=1 ==="
+     WINPORT_GPU_MXFP4_MOE=1 timeout "${T5:-170}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
+       -k "ready or test_chat_completion or prompt_logprobs or greedy" > "$OUT/5_mxfp4_live.log" 2>&1
+     quiet "$OUT/5_mxfp4_live.log" 25 ;;
+  6) echo "=== 6. live tests, eager decode ==="
+     WINPORT_CUDA_GRAPH=0 timeout "${T6:-200}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
+       > "$OUT/6_eager.log" 2>&1
+     quiet "$OUT/6_eager.log" 25 ;;
+  7) echo "=== 7. GGUF load scaling ==="
+     timeout "${T7:-150}" python3 scripts/bench/gguf_load.py --gib 4 --threads 1,2,4,8,16 > "$OUT/7_gguf.log" 2>&1
+     tail -30 "$OUT/7_gguf.log" ;;
+  *) echo "unknown part $part"; exit 2 ;;
+  esac
+done
