@@ -182,22 +182,57 @@ def _reference(folder):  # type: ignore[no-untyped-def]
     return load_reference(folder, fp8_activations=torch.cuda.is_available())
 
 
+def _parity(served: list[float], reference: list[float]) -> tuple[float, float]:
+    """Median |served - reference| and the share of positions under 0.3 nat."""
+    import statistics
+
+    diffs = [abs(a - b) for a, b in zip(served, reference, strict=True)]
+    assert all(d == d for d in diffs), "NaN in the log-probabilities"
+    return statistics.median(diffs), sum(d < 0.3 for d in diffs) / len(diffs)
+
+
+def _w8a8_bounds(folder, ids: list[int], reference: list[float]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """The bounds for a server that runs W8A8 (CUDA): from the spread of two correct W8A8 runs.
+
+    FP8 e4m3 activations carry a relative rounding of 2^-4 (bf16: 2^-9), and whether a value rounds
+    up or down depends on the last bits of its input, so two correct W8A8 implementations that
+    differ only in the arithmetic before the quantizer (fp32 here, bf16 on the GPU) do not round the
+    same values. Measured on the demo (CPU, 2026-11-30): the fp32 reference with activation rounding
+    against the same in bf16 differ by a median 0.236 nat (share < 0.3 nat: 0.73); two runs without
+    the rounding (fp32 vs bf16) by 0.060. The H200 served values were 0.130 / 0.77 from the fp32 one.
+    A bound under that floor would fail a correct GPU path, so on CUDA the served values must be no
+    further from the reference than 1.5x the floor's median, and keep at least the floor's share
+    minus 0.1; both are computed here from the same prompt. The shifted control (median ~1 nat) must
+    still fail that bound, so a kernel error that moves every position is still caught.
+    """
+    import torch
+
+    from winport.demo.reference import load_reference, prompt_logprobs
+
+    other = prompt_logprobs(load_reference(folder, fp8_activations=True).to(torch.bfloat16), ids)
+    floor_median, floor_share = _parity(other, reference)
+    print(f"W8A8 floor (fp32 vs bf16 reference, both FP8 activations): median {floor_median:.4f} "
+          f"share<0.3: {floor_share:.2f}")
+    return max(0.1, 1.5 * floor_median), min(0.8, floor_share - 0.1)
+
+
 def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
     """SGLang's prompt log-probabilities against transformers' eager DeepSeek-V4 (+ FP8 KV).
 
     The demo is served from DeepSeek's FP8 block + MXFP4 checkpoint; the reference reads the exact
     bf16 dequantization of the same file, and SGLang on CPU multiplies bf16 activations by those same
     values (W8A16 / W4A16), so the weights add no difference.
-    Tolerance, from the dtypes: SGLang runs bf16 activations (relative rounding 2^-9 per op) and the
-    reference is fp32; both round the KV through FP8 e4m3 the same way (winport.demo.reference).
+    Tolerance on CPU, from the dtypes: SGLang runs bf16 activations (relative rounding 2^-9 per op)
+    and the reference is fp32; both round the KV through FP8 e4m3 the same way (winport.demo.reference).
     That leaves a few percent per layer, about 0.03 nat per position (median 0.028 measured over 300
     tokens with routing forced equal). The random gates of the demo model make near-tied expert
     scores common, and a tie broken differently (top-2 of 8) moves that one position by up to ~1 nat:
     those isolated spikes are why the bounds are on the median and on the share of positions, not
     the maximum. A broken kernel moves every position (the shifted control below shows the scale).
+    On CUDA SGLang rounds activations through FP8 (W8A8), whose noise is far larger: the bounds there
+    come from the measured spread of two correct W8A8 runs (_w8a8_bounds).
     """
-    import statistics
-
+    import torch
     from transformers import AutoTokenizer
 
     from winport.demo.reference import prompt_logprobs
@@ -216,16 +251,15 @@ def test_prompt_logprobs_agree_with_transformers(server: Server) -> None:
         os.makedirs(os.environ["WINPORT_TEST_SERVER_LOG_DIR"], exist_ok=True)
         with open(os.path.join(os.environ["WINPORT_TEST_SERVER_LOG_DIR"], "prompt_logprobs.json"), "w") as f:
             json.dump({"ids": ids, "served": served, "reference": reference}, f)
-    diffs = [abs(a - b) for a, b in zip(served, reference, strict=True)]
-    assert all(d == d for d in diffs), "NaN in the served log-probabilities"
-    median, within = statistics.median(diffs), sum(d < 0.3 for d in diffs) / len(diffs)
-    print(f"prompt logprobs vs transformers: n={len(diffs)} median {median:.4f} max {max(diffs):.3f} "
-          f"share<0.3: {within:.2f}")
-    assert median < 0.1
-    assert within >= 0.8
+    max_median, min_share = _w8a8_bounds(folder, ids, reference) if torch.cuda.is_available() else (0.1, 0.8)
+    median, within = _parity(served, reference)
+    print(f"prompt logprobs vs transformers: n={len(served)} median {median:.4f} "
+          f"share<0.3: {within:.2f} (bounds {max_median:.3f} / {min_share:.2f})")
+    assert median < max_median
+    assert within >= min_share
     # Control: the same statistic against the reference shifted by one position must fail.
-    shifted = [abs(a - b) for a, b in zip(served[1:], reference[:-1], strict=True)]
-    assert statistics.median(shifted) > 0.1
+    shifted_median, _ = _parity(served[1:], reference[:-1])
+    assert shifted_median > max_median
 
 
 GREEDY_PROMPTS = (
