@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from winport.demo.config import demo_config
-from winport.demo.tokenizer import write_tokenizer
+from winport.demo.tokenizer import CHAT_TEMPLATE, IMAGE_CHAT_TEMPLATE, write_tokenizer
 from winport.demo.vision import IMAGE_TOKEN
 from winport.demo.weights import demo_state_dict
 
@@ -74,7 +74,8 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     say("training the tokenizer")
     # The vision variant's image token is added after training: the trained vocabulary stays the V4.1 demo's.
     extra = [IMAGE_TOKEN] if variant == "v41-vision" else []
-    vocab = write_tokenizer(tmp, config["vocab_size"] - len(extra), extra_special=extra)
+    vocab = write_tokenizer(tmp, config["vocab_size"] - len(extra), extra_special=extra,
+                            chat_template=IMAGE_CHAT_TEMPLATE if extra else CHAT_TEMPLATE)
     if vocab != config["vocab_size"]:
         raise RuntimeError(f"tokenizer has {vocab} tokens, config says {config['vocab_size']}")
     # quantization_config only in the file: the generator below works on the plain architecture.

@@ -25,6 +25,24 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
 )
 
+# The vision demo's template: the same prompt for string content; a list of parts (OpenAI
+# multimodal content, which SGLang hands a template that loops over the content as
+# {"type": "image"} / {"type": "text", "text": ...}) gets DeepSeek's image placeholder where each
+# image goes (SGLang's V4.1 image processor expands it into the image's token span). A template that
+# only prints message['content'] makes SGLang drop the images (its "string" content format).
+IMAGE_CHAT_TEMPLATE = (
+    "{% macro render(content) %}{% if content is string %}{{ content }}{% else %}"
+    "{% for part in content %}{% if part['type'] == 'image' %}{{ '<｜deepseek_image｜>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}{% endmacro %}"
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ render(message['content']) }}"
+    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + render(message['content']) }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<｜Assistant｜>' + render(message['content']) + eos_token }}"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+
 
 def train_tokenizer(vocab_size: int) -> object:
     """Train a byte-level BPE on the demo corpus (deterministic for a given vocab size)."""
@@ -43,7 +61,8 @@ def train_tokenizer(vocab_size: int) -> object:
     return tok
 
 
-def write_tokenizer(out_dir: Path, vocab_size: int, extra_special: list[str] | None = None) -> int:
+def write_tokenizer(out_dir: Path, vocab_size: int, extra_special: list[str] | None = None,
+                    chat_template: str = CHAT_TEMPLATE) -> int:
     """Write tokenizer.json, tokenizer_config.json and special_tokens_map.json; return the vocab size.
 
     ``extra_special``: special tokens added after training, at ids vocab_size, vocab_size + 1, ...
@@ -64,7 +83,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int, extra_special: list[str] | N
         "add_bos_token": False,
         "add_eos_token": False,
         "model_max_length": 8192,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "clean_up_tokenization_spaces": False,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False) + "\n")

@@ -44,6 +44,8 @@ VISION = {
     "vision_downsample_ratio": 3,
     "vision_max_n_token": 64,
     "vision_min_pixels": 42 * 42,
+    # Explicitly null: SGLang's image processor reads it off the HF config, which has no default.
+    "vision_max_wh_ratio": None,
 }
 # Distinct normalized tokens (SGLang's engram normalization) of the V4.1 demo tokenizer plus the
 # image token: the V4.1 demo's 937 and one more (checked by SGLang at start-up).

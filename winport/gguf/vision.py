@@ -88,9 +88,10 @@ def mmproj_config(loaded: Any, plan: Any, config: dict[str, Any]) -> tuple[dict[
             source["image_token_id"] = f"the id of {IMAGE_TOKENS[0]} in the model's tokenizer"
     for key, value in SGLANG_DEFAULTS.items():
         if key not in cfg:
+            # Written even when None: SGLang's V4.1 image processor reads these off the HF config
+            # object (DeepseekV41Config), which has no class default for them (AttributeError).
             source[key] = "SGLang's default"
-            if value is not None:
-                cfg[key] = value
+            cfg[key] = value
     # The vocabulary: config.json's, else the GGUF tokenizer's size (a file without the hparam).
     vocab = config.get("vocab_size") or len(loaded.metadata.get("tokenizer.ggml.tokens") or [])
     _check_fit(mm, plan, cfg, {**config, "vocab_size": vocab}, path, model_path)

@@ -20,6 +20,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_mhc_combine",
     "engram_host_table_file_map",
     "chat_template_without_recipe",
+    "chat_images_in_string_template",
     "cpu_fp8_block_linear",
     "cpu_mxfp4_moe",
     "cuda_fp4_dequant_block_shape",
