@@ -62,6 +62,18 @@ def test_demo_round_trips_through_gguf_and_mmproj(demo: tuple[Path, Path, Path],
     assert "vision keys not in the file: vision_max_wh_ratio=None (SGLang's default)\n" in out
 
 
+def test_demo_gguf_export_writes_the_projector_next_to_it(demo: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """`winport demo-model --variant v41-vision --gguf OUT` also writes mmproj-OUT, found by serve."""
+    from winport.gguf.convert import load_gguf_model
+    from winport.gguf.export import export_demo_gguf
+
+    folder, _, _ = demo
+    out = export_demo_gguf(tmp_path / "v41v.gguf", folder=folder, variant="v41-vision")
+    with load_gguf_model(out) as lm:  # mmproj=None: looked for next to the model
+        assert lm.mmproj is not None and lm.mmproj.paths[0] == tmp_path / "mmproj-v41v.gguf"
+        assert lm.mmproj_plan().config["vision_n_layers"] == 2
+
+
 @pytest.fixture
 def tiny(tmp_path: Path, rng: np.random.Generator) -> Path:
     """tests/gguf/test_sidecars.py's tiny V4.1 model (hidden 64, VL biases, image token last)."""

@@ -145,6 +145,7 @@ def test_gguf_with_mmproj_answers_like_safetensors(answers: dict[str, Any]) -> N
 
 def test_image_to_a_model_without_vision_is_a_clear_4xx(answers: dict[str, Any]) -> None:
     status, body = answers["text_only"]
+    print(f"image to a text-only model: {status} {body}")
     assert 400 <= status < 500, (status, body)
     assert "image" in str(body).lower() or "multimodal" in str(body).lower(), body
     assert answers["text_only_after"][0] == 200, answers["text_only_after"]  # still serving
@@ -252,6 +253,8 @@ def test_vision_tower_and_aligner_vs_float64(answers: dict[str, Any], files: dic
     rms = ref.pow(2).mean().sqrt().item()
     err = (got - ref).abs()
     bound = 4 * math.sqrt(40) * 2**-9 * rms
+    print(f"vision span vs float64: max |error| {err.max().item():.4g}, mean {err.mean().item():.4g}, "
+          f"bound {bound:.4g}, RMS {rms:.4g}")
     assert err.max().item() <= bound, f"max |error| {err.max().item():.4g} > {bound:.4g} (RMS {rms:.4g})"
     special = [0, 3, 6, 7]  # image_start, the two newlines, image_end
     assert torch.equal(got[special], ref[special])

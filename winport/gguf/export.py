@@ -339,8 +339,12 @@ def _bundles_draft(config: dict[str, Any]) -> bool:
 def model_config(config: dict[str, Any]) -> dict[str, Any]:
     """config.json as the model GGUF carries it: without a bundled DSpark draft's keys (those go to
     the draft GGUF; the model file then says num_nextn_predict_layers 0, the table's default) and
-    without the vision keys (``vision_*``, ``image_token_id``: the mmproj GGUF's)."""
+    without the vision keys (``vision_*``, ``image_token_id``: the mmproj GGUF's) but vision_n_layers
+    0: the model file alone is a text model (its vision tower comes with the projector)."""
+    had_vision_key = "vision_n_layers" in config
     config = {k: v for k, v in config.items() if not k.startswith(VISION_CONFIG_PREFIXES)}
+    if had_vision_key:
+        config["vision_n_layers"] = 0
     if not _bundles_draft(config):
         return dict(config)
     out = {k: v for k, v in config.items() if k not in DRAFT_CONFIG_KEYS}
@@ -493,7 +497,9 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     ``variant`` "v4" is written as llama.cpp's ``deepseek4`` architecture, "v41" as ``deepseek41``
     (its engram table as MXFP8, fork type 43, see :func:`engram_gguf_shape`). A demo that bundles
     a DSpark draft gets its draft GGUF too: at ``draft_out``, or (None) next to the model as
-    ``<stem>-DSpark.gguf`` where winport.gguf.convert finds sidecars; False: no draft file.
+    ``<stem>-DSpark.gguf`` where winport.gguf.convert finds sidecars; False: no draft file. A demo
+    with a vision tower ("v41-vision") gets its projector next to the model as ``mmproj-<name>``
+    (:func:`mmproj_to_gguf`), where `winport serve` finds it.
     """
     from winport.demo.build import ensure_demo
 
@@ -506,9 +512,12 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     bundles = _bundles_draft(json.loads((src / "config.json").read_text(encoding="utf-8")))
     if draft_out is None and bundles:
         draft_out = out.with_name(out.stem + "-DSpark" + out.suffix)
-    return checkpoint_to_gguf(src, out, arch=archs[variant],
+    path = checkpoint_to_gguf(src, out, arch=archs[variant],
                               name=f"winport-demo-{variant}" + ("-Q8_0" if dense_q8_0 else "-BF16"),
                               dense_q8_0=dense_q8_0, draft_out=draft_out or None)
+    if json.loads((src / "config.json").read_text(encoding="utf-8")).get("vision_n_layers"):
+        mmproj_to_gguf(src, out.with_name("mmproj-" + out.name), name=f"winport-demo-{variant}-mmproj")
+    return path
 
 
 # --- vision projector (mmproj) ---------------------------------------------------------------

@@ -436,6 +436,12 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
     meta = loaded.metadata
     config = config_from_metadata(meta, list(loaded.model.tensors))
     config.update(draft_cfg)
+    if not vision_cfg and config.get("vision_n_layers"):
+        # A model file that claims a vision tower but comes without its projector: SGLang would
+        # build the tower from no weights (uninitialised memory), so it is served as text only.
+        _say(f"{loaded.model.paths[0].name} says vision_n_layers {config['vision_n_layers']} but no vision "
+             "projector was given: served as a text model (name the mmproj GGUF to serve images)")
+        config["vision_n_layers"] = 0
     config.update(vision_cfg or {})
     if dense_fp8:
         config["quantization_config"] = loaded.quant_config()
