@@ -156,13 +156,24 @@ def _run_watched(args: list[str], *, what: str, timeout: float, stall: float | N
     first = wine_harness.run_python_watched(args, env=env, timeout=timeout, stall=stall)
     if first.hung is None:
         return first
-    report = (f"{what}: Windows CPython hung under Wine ({first.hung}); ran it again.\n"
-              f"stdout tail:\n{first.stdout[-1500:]}\nstderr tail:\n{wine_harness.strip_wine_noise(first.stderr)[-6000:]}")
+    report = f"{what}: Windows CPython hung under Wine ({first.hung}); ran it again.\n{_hang_excerpt(first)}"
     warnings.warn(report, stacklevel=2)
     second = wine_harness.run_python_watched(args, env=env, timeout=timeout, stall=stall)
-    assert second.hung is None, (f"{report}\n\nand again ({second.hung}):\nstdout tail:\n{second.stdout[-1500:]}\n"
-                                 f"stderr tail:\n{wine_harness.strip_wine_noise(second.stderr)[-6000:]}")
+    assert second.hung is None, f"{report}\n\nand again ({second.hung}):\n{_hang_excerpt(second)}"
     return second
+
+
+def _hang_excerpt(run: wine_harness.Watched) -> str:
+    """The parts of a hung run's output that locate the hang: the stdout tail, faulthandler's report
+    of a Windows exception, and the head of its stack dump (the test's own frames come first)."""
+    err = wine_harness.strip_wine_noise(run.stderr)
+    parts = [f"stdout tail:\n{run.stdout[-1500:]}"]
+    for marker in ("Windows fatal exception", "Timeout ("):
+        at = err.find(marker)
+        if at >= 0:
+            parts.append(f"stderr from {marker!r}:\n{err[at:at + 2500]}")
+    parts.append(f"stderr tail:\n{err[-1500:]}")
+    return "\n".join(parts)
 
 
 @pytest.mark.wine

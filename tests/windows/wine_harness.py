@@ -422,6 +422,8 @@ def run_python_watched(args: Sequence[str], *, env: Mapping[str, str] | None = N
             break
     for r in readers:
         r.join(10)
+    proc.stdout.close()
+    proc.stderr.close()
     text = {k: b"".join(v).decode("utf-8", errors="replace") for k, v in chunks.items()}
     return Watched(proc.returncode if hung is None else None, text["out"], text["err"], hung)
 
