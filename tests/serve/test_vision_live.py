@@ -12,7 +12,8 @@ GGUF + mmproj GGUF, through `winport serve` (WINPORT_EMULATE_WINDOWS=1, tests/se
   preprocessing of the PNG.
 - A model without a vision tower (the same GGUF served without its projector) answers an image
   request with a 4xx naming the problem, and keeps serving.
-Three server starts (~40 s each on 2 cores): marked slow.
+Three server starts (~40 s each on 2 cores, ~3 min in all): in CI, because serving the projector
+alongside the model is what issue 6 asks CI to show.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ import torch
 
 from tests.helpers import REPO_ROOT
 from tests.serve._server import CACHE, Server, start, stop, wait_ready
-
-pytestmark = pytest.mark.slow
 
 IMAGE_W, IMAGE_H = 70, 56  # 5 x 4 patches of 14: not square, and neither side a multiple of 3 patches
 PROMPT = "What is in the picture?"
