@@ -205,8 +205,8 @@ def test_ops_suite_on_windows_cpu(windows_python: wine_harness.Provisioned) -> N
     for node in OPS_EXCLUDED:
         args += ["--deselect" if "::" in node else "--ignore", node]
     start = time.monotonic()
-    proc = _run_watched(args, what="pytest tests/ops under Windows CPython", env={"TRITON_INTERPRET": "1"},
-                        timeout=900, stall=300)
+    env = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}  # WINE_WORKAROUNDS["OMP_NUM_THREADS=1 (ops)"]
+    proc = _run_watched(args, what="pytest tests/ops under Windows CPython", env=env, timeout=900, stall=300)
     seconds = time.monotonic() - start
     summary = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
     print(f"tests/ops under Wine in {seconds:.0f} s: {summary[-1] if summary else 'no summary'}")

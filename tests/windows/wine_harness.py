@@ -71,6 +71,10 @@ WINE_WORKAROUNDS: dict[str, str] = {
     "bcryptprimitives.dll stub": "Rust >= 1.78 extensions import ProcessPrng from it; Wine 8 lacks "
                                  "the DLL (tests/windows/wine_stubs/bcryptprimitives.c)",
     "WINEDLLOVERRIDES=mscoree,mshtml=": "keeps wineboot from looking for Mono and Gecko (no network)",
+    "OMP_NUM_THREADS=1 (ops)": "the one hang caught with a stack dump (2026-11-30) sat in a torch CPU op "
+                               "of exactly the size where torch starts its OpenMP pool (tests/ops "
+                               "test_dsv4_kv._k_rows, 64x512 -> bf16); the op suite's tensors are small, so "
+                               "under Wine it runs torch single-threaded (Linux CI runs it multi-threaded)",
     "watchdog": "a Windows CPython run that imports SGLang hung twice in 2026-11 CI runs (once in the "
                 "SGLang import test, once in the ops suite, after faulthandler printed 'Windows fatal "
                 "exception'), and never in 7 local repeats: run_python_watched ends such a run early with "
