@@ -16,7 +16,7 @@ Serve the tiny generated DeepSeek-V4 demo model instead of a real one; runs on t
 there is no GPU (--demo).
 
 .PARAMETER DemoVariant
-Which demo model: v4 or v41 (--demo-variant).
+Which demo model: v4, v41, or v41-vision (the V4.1 demo with a small vision tower) (--demo-variant).
 
 .PARAMETER VramGib
 Cap on the GPU memory the server takes, in GiB (--vram-gib).
@@ -83,7 +83,7 @@ param(
     [switch]$Demo,
 
     [Parameter(ParameterSetName = 'Demo')]
-    [ValidateSet('v4', 'v41')]
+    [ValidateSet('v4', 'v41', 'v41-vision')]
     [string]$DemoVariant,
 
     [double]$VramGib,
