@@ -14,7 +14,7 @@ Checked here:
   definition in test_dequant.py) to the table's values computed independently in float64 from the
   safetensors FP8 rows and E8M0 scales;
 - ``winport demo-model --variant v41 --gguf`` writes the file;
-- live (slow, about 3 min on the shared 2-core machine: two v41 servers one after the other): `winport serve --model
+- live (in CI, 90 s on a quiet 2-core machine: two v41 servers one after the other): `winport serve --model
   v41.gguf` and `winport serve --model <v41 demo folder>` give the same greedy tokens and the same
   prompt logprobs, float for float.
 """
@@ -184,7 +184,6 @@ def test_demo_model_command_writes_the_v41_gguf(demo_dir: Path, tmp_path: Path) 
 # --- live: both servers, one after the other ---------------------------------------------------
 
 
-@pytest.mark.slow
 def test_v41_gguf_server_equals_safetensors_server(demo_dir: Path, v41_gguf: Path) -> None:
     from tokenizers import Tokenizer
 
