@@ -77,8 +77,9 @@ WINE_WORKAROUNDS: dict[str, str] = {
                                "under Wine it runs torch single-threaded (Linux CI runs it multi-threaded)",
     "watchdog": "a Windows CPython run that imports SGLang hung twice in 2026-11 CI runs (once in the "
                 "SGLang import test, once in the ops suite, after faulthandler printed 'Windows fatal "
-                "exception'), and never in 7 local repeats: run_python_watched ends such a run early with "
-                "its output, and the wine tier runs it once more, reporting the hang as a warning",
+                "exception'), and once in four local repeats of the ops suite (none in five of the import): "
+                "run_python_watched ends such a run early with its output, and the wine tier runs it once "
+                "more, reporting the hang as a warning",
 }
 NUMPY_UNDER_WINE = "numpy==2.1.3"
 
