@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", type=Path, default=None, metavar="OUT",
                     help="also write the model as a GGUF file (llama.cpp deepseek4 / deepseek41 names) at OUT")
     ap.add_argument("--q8-0", action="store_true", help="with --gguf: store dense linear weights as Q8_0")
+    ap.add_argument("--mxfp4-experts", action="store_true",
+                    help="with --gguf: store routed experts as MXFP4 (with --q8-0: UD-Q4_K_XL's mix)")
     args = ap.parse_args(argv)
     # None: the variant's default (V4: FP8 + MXFP4). GGUF export reads the plain bf16 form.
     quantized = False if args.bf16 or args.gguf is not None else None
@@ -29,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.force or args.seed != 0 or not is_current(out, args.variant, quantized):
             build_demo(out, args.variant, args.seed, quantized=quantized)
-        path = export_demo_gguf(args.gguf, dense_q8_0=args.q8_0, folder=out, variant=args.variant)
+        path = export_demo_gguf(args.gguf, dense_q8_0=args.q8_0, folder=out, variant=args.variant,
+                                experts_mxfp4=args.mxfp4_experts)
         print(f"winport demo-model: wrote {path}")
         return 0
     if not args.force and args.seed == 0 and is_current(out, args.variant, quantized):

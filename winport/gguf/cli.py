@@ -78,7 +78,7 @@ def dump_main(argv: list[str] | None = None) -> int:
 
 
 def export_main(argv: list[str] | None = None) -> int:
-    """``export CHECKPOINT OUT.gguf [--draft-out DRAFT.gguf] [--draft-only] [--mmproj-only] [--q8_0] [--arch A]``:
+    """``export CHECKPOINT OUT.gguf [--draft-out DRAFT.gguf] [--draft-only] [--mmproj-only] [--q8_0] [--mxfp4-experts] [--arch A]``:
     a DeepSeek-V4/V4.1 checkpoint folder (bf16/f32 tensors) as llama.cpp-named GGUF; with
     ``--draft-only`` OUT is the DSpark draft GGUF (Q8_0 unless ``--no-q8_0``) of its ``mtp.*`` tensors;
     with ``--mmproj-only`` OUT is the vision projector GGUF of its ``vision.*`` / ``aligner.*`` /
@@ -93,6 +93,8 @@ def export_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mmproj-only", action="store_true", help="write only the vision projector, to OUT")
     ap.add_argument("--q8_0", dest="q8_0", action="store_true",
                     help="model: dense linear weights as Q8_0 (default: as stored); the draft follows")
+    ap.add_argument("--mxfp4-experts", action="store_true",
+                    help="model: routed experts as MXFP4 (with --q8_0: UD-Q4_K_XL's mix; the draft is written as without it)")
     ap.add_argument("--no-q8_0", dest="draft_q8_0", action="store_false",
                     help="with --draft-only: keep the draft's tensors as stored (default Q8_0)")
     args = ap.parse_args(argv)
@@ -115,7 +117,7 @@ def export_main(argv: list[str] | None = None) -> int:
             out = draft_to_gguf(args.checkpoint, args.out, arch=arch, q8_0=args.draft_q8_0)
         else:
             out = checkpoint_to_gguf(args.checkpoint, args.out, arch=arch, dense_q8_0=args.q8_0,
-                                     draft_out=args.draft_out, progress=True)
+                                     draft_out=args.draft_out, progress=True, experts_mxfp4=args.mxfp4_experts)
         print(f"wrote {out}" + (f" and {args.draft_out}" if args.draft_out and not args.draft_only else ""))
     except GGUFError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -7,7 +7,10 @@ stores a byte-level BPE (``tokenizer.ggml.*``) plus ``tokenizer.chat_template``.
 demo model can be served from a GGUF and compared with its safetensors form; it is not a general
 quantizer. Tensors keep their stored type (BF16/F32/I32); ``dense_q8_0=True`` stores the dense
 linear weights (the table's ``fp8`` role, the ones Unsloth ships as Q8_0) as Q8_0, quantized by
-gguf-py. Routed experts per layer are stacked into one [E, N, K] tensor, as GGUF keeps them.
+gguf-py. Routed experts per layer are stacked into one [E, N, K] tensor, as GGUF keeps them;
+``experts_mxfp4=True`` stores those as MXFP4 (gguf-py's quantizer), the mix Unsloth's UD-Q4_K_XL
+ships (Q8_0 dense + MXFP4 routed experts). The demo's bf16 experts are exact MXFP4 values
+(winport.demo.quantize), so for the demo that re-quantization is lossless.
 
 Tensors are written one at a time (gguf-py's streaming writer: infos first, then data), so at
 most one GGUF tensor (for experts: one stacked layer) is in memory.
@@ -29,6 +32,8 @@ from .reader import GGUFError
 
 Q8_0_BLOCK = 32
 Q8_0_BYTES = 34  # fp16 scale + 32 int8
+MXFP4_BLOCK = 32
+MXFP4_BYTES = 17  # one E8M0 exponent + 32 E2M1 codes (two per byte)
 MXFP8_BLOCK = 256  # fork type 43 (winport.gguf.types): 8 E8M0 scales, then 256 e4m3 values
 MXFP8_BYTES = 264
 MXFP8_TYPE_ID = 43
@@ -144,6 +149,7 @@ class _Planned:
     shape: tuple[int, ...]  # numpy order, stacked
     dtype: str  # safetensors dtype string
     q8_0: bool = False
+    mxfp4: bool = False  # stacked routed experts stored as GGML MXFP4
 
 
 _ST_TO_NP = {"BF16": np.int16, "F32": np.float32, "F16": np.float16, "I32": np.int32, "I64": np.int64,
@@ -163,12 +169,17 @@ def _draft_name(name: str) -> str | None:
 
 
 def _plan_tensors(folder: Path, dense_q8_0: bool, rename: Any = _model_name,
-                  experts_q8_0: bool = False) -> list[_Planned]:
+                  experts_q8_0: bool = False, experts_mxfp4: bool = False) -> list[_Planned]:
     """Plan the GGUF tensors of ``folder``'s safetensors. ``rename``: checkpoint name -> table name
     (None: not in this file). ``dense_q8_0`` / ``experts_q8_0``: store the ``fp8`` role / stacked
-    routed experts as Q8_0 (rows whose width is a multiple of 32)."""
+    routed experts as Q8_0 (rows whose width is a multiple of 32; others keep their type).
+    ``experts_mxfp4``: store the stacked routed experts as MXFP4; every expert row width must be a
+    multiple of 32 (else GGUFError naming the tensor: a model whose experts silently stayed BF16
+    would not be the quant mix asked for)."""
     from safetensors import safe_open
 
+    if experts_q8_0 and experts_mxfp4:
+        raise GGUFError("routed experts can be stored as Q8_0 or as MXFP4, not both")
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise GGUFError(f"{folder}: no *.safetensors files")
@@ -204,8 +215,12 @@ def _plan_tensors(folder: Path, dense_q8_0: bool, rename: Any = _model_name,
         if any(v[2] != first[2] or v[3] != first[3] for v in by_e.values()):
             raise GGUFError(f"{folder}: experts of {g!r} differ in shape or dtype")
         shape = (len(by_e), *first[2])
+        if experts_mxfp4 and (len(shape) != 3 or shape[-1] % MXFP4_BLOCK):
+            raise GGUFError(f"{folder}: tensor {g!r} (experts {first[1]!r}, ...) {list(shape)}: MXFP4 stores "
+                            f"rows of whole {MXFP4_BLOCK}-value blocks, and {shape[-1]} values per row is not "
+                            f"a multiple of {MXFP4_BLOCK}")
         plans[g] = _Planned(g, "experts", [(v[0], v[1]) for _, v in sorted(by_e.items())], shape, first[3],
-                            experts_q8_0 and shape[-1] % Q8_0_BLOCK == 0)
+                            experts_q8_0 and shape[-1] % Q8_0_BLOCK == 0, experts_mxfp4)
     for g, parts in engram.items():
         plans[g] = _plan_engram(folder, g, parts)
 
@@ -286,12 +301,41 @@ def _load(p: _Planned) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.stack(parts)
 
 
-def _quantize_q8_0(p: _Planned, arr: np.ndarray) -> np.ndarray:
-    import gguf
+def _as_float32(p: _Planned, arr: np.ndarray) -> np.ndarray:
+    """The stored values of ``arr`` (bf16 arrives as int16 bit patterns) as float32 (exact)."""
     import torch
 
-    x = torch.from_numpy(arr).view(torch.bfloat16).float().numpy() if p.dtype == "BF16" else arr.astype(np.float32)
-    return gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(arr).view(torch.bfloat16).float().numpy() if p.dtype == "BF16" else arr.astype(np.float32)
+
+
+def _quantize_q8_0(p: _Planned, arr: np.ndarray) -> np.ndarray:
+    import gguf
+
+    return gguf.quants.quantize(_as_float32(p, arr), gguf.GGMLQuantizationType.Q8_0)
+
+
+# Values per gguf-py MXFP4 quantizer call: its [blocks, 32, 16] float32 error table takes 64 bytes
+# per value (~64 MB here), where a whole stacked layer of a real model would need hundreds of GB.
+_MXFP4_CHUNK_VALUES = 1 << 20
+
+
+def _quantize_mxfp4(p: _Planned, arr: np.ndarray) -> np.ndarray:
+    """Stacked experts [E, N, K] -> MXFP4 blocks uint8 [E, N, K / 32 * 17], by gguf-py's quantizer
+    (E8M0 exponent floor(log2 amax) - 2, nearest E2M1 code: the OCP MX rule winport.demo.quantize
+    uses too), a chunk of rows at a time."""
+    import gguf
+
+    if not (arr.ndim == 3 and arr.shape[-1] % MXFP4_BLOCK == 0):  # _plan_tensors checked; a changed file
+        raise GGUFError(f"tensor {p.gguf!r} ({p.sources[0][1]!r} ...): shape {list(arr.shape)} is not "
+                        f"[experts, rows, a multiple of {MXFP4_BLOCK}]: cannot store it as MXFP4")
+    k = arr.shape[-1]
+    rows = arr.reshape(-1, k)
+    out = np.empty((rows.shape[0], k // MXFP4_BLOCK * MXFP4_BYTES), dtype=np.uint8)
+    step = max(1, _MXFP4_CHUNK_VALUES // k)
+    for r0 in range(0, rows.shape[0], step):
+        out[r0 : r0 + step] = gguf.quants.quantize(_as_float32(p, rows[r0 : r0 + step]),
+                                                   gguf.GGMLQuantizationType.MXFP4)
+    return out.reshape(*arr.shape[:-1], -1)
 
 
 def _ggml_type(p: _Planned) -> Any:
@@ -300,6 +344,8 @@ def _ggml_type(p: _Planned) -> Any:
     T = gguf.GGMLQuantizationType
     if p.q8_0:
         return T.Q8_0
+    if p.mxfp4:
+        return T.MXFP4
     if p.dtype == "MXFP8":
         return MXFP8_TYPE_ID  # a fork id gguf-py's enum lacks; its writer stores the number as is
     return {"BF16": T.BF16, "F32": T.F32, "F16": T.F16, "F64": T.F64, "I32": T.I32, "I64": T.I64,
@@ -310,6 +356,8 @@ def _nbytes(p: _Planned) -> int:
     n = int(np.prod(p.shape, dtype=np.int64)) if p.shape else 1
     if p.q8_0:
         return n // Q8_0_BLOCK * Q8_0_BYTES
+    if p.mxfp4:
+        return n // MXFP4_BLOCK * MXFP4_BYTES
     if p.dtype == "MXFP8":
         return n // MXFP8_BLOCK * MXFP8_BYTES
     return n * np.dtype(_ST_TO_NP[p.dtype]).itemsize
@@ -371,6 +419,8 @@ def _write_gguf(out: Path, arch: str, kv: dict[str, tuple[Any, str]], plans: lis
         arr = _load(p)
         if p.q8_0:
             arr = _quantize_q8_0(p, arr)
+        elif p.mxfp4:
+            arr = _quantize_mxfp4(p, arr)
         writer.write_tensor_data(np.ascontiguousarray(arr))
     writer.close()
     return tmp
@@ -385,9 +435,13 @@ def checkpoint_to_gguf(
     name: str | None = None,
     progress: bool = False,
     draft_out: str | Path | None = None,
+    experts_mxfp4: bool = False,
 ) -> Path:
     """Write ``checkpoint_dir`` (config.json, tokenizer files, *.safetensors) as one GGUF file.
 
+    ``dense_q8_0``: the dense linear weights as Q8_0; ``experts_mxfp4``: the stacked routed experts
+    as MXFP4 (a row width not a multiple of 32 is a GGUFError naming the tensor). Both: the quant
+    mix of Unsloth's UD-Q4_K_XL.
     The file is written next to ``out_path`` under a temporary name and renamed when complete.
     A bundled DSpark draft (``mtp.*`` tensors, ``dspark_*`` config keys) is never put in the model
     file: with ``draft_out`` it is written there by :func:`draft_to_gguf` (Q8_0 when ``dense_q8_0``,
@@ -401,11 +455,14 @@ def checkpoint_to_gguf(
     out = Path(out_path)
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     mconfig = model_config(config)
-    plans = _plan_tensors(folder, dense_q8_0)
+    plans = _plan_tensors(folder, dense_q8_0, experts_mxfp4=experts_mxfp4)
     kv: dict[str, tuple[Any, str]] = {"general.name": (name or folder.name, "STRING")}
     kv.update(_hp.metadata_from_config(mconfig, arch))
     kv.update(tokenizer_metadata(folder))
-    if dense_q8_0:
+    if experts_mxfp4:
+        # llama.cpp's file type for MXFP4 experts next to other types (its gpt-oss conversions).
+        kv["general.file_type"] = (int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE), "UINT32")
+    elif dense_q8_0:
         kv["general.file_type"] = (int(gguf.LlamaFileType.MOSTLY_Q8_0), "UINT32")
     kv["general.quantization_version"] = (gguf.GGML_QUANT_VERSION, "UINT32")
     tmp = _write_gguf(out, arch, kv, plans, progress)
@@ -491,8 +548,13 @@ def _check_config_round_trip(path: Path, config: dict[str, Any]) -> None:
 
 
 def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: str | Path | None = None,
-                     variant: str = "v4", draft_out: str | Path | bool | None = None) -> Path:
+                     variant: str = "v4", draft_out: str | Path | bool | None = None,
+                     experts_mxfp4: bool = False) -> Path:
     """The demo model (built or cached by winport.demo.build) as a GGUF at ``out_path``.
+
+    ``dense_q8_0`` / ``experts_mxfp4``: dense linear weights as Q8_0 / routed experts as MXFP4
+    (both: UD-Q4_K_XL's mix). The demo's bf16 experts are MXFP4 values already, so MXFP4 experts
+    hold exactly the demo's values (the same codes and exponents as its FP8 + MXFP4 checkpoint).
 
     ``variant`` "v4" is written as llama.cpp's ``deepseek4`` architecture, "v41" as ``deepseek41``
     (its engram table as MXFP8, fork type 43, see :func:`engram_gguf_shape`). A demo that bundles
@@ -512,9 +574,9 @@ def export_demo_gguf(out_path: str | Path, *, dense_q8_0: bool = False, folder: 
     bundles = _bundles_draft(json.loads((src / "config.json").read_text(encoding="utf-8")))
     if draft_out is None and bundles:
         draft_out = out.with_name(out.stem + "-DSpark" + out.suffix)
-    path = checkpoint_to_gguf(src, out, arch=archs[variant],
-                              name=f"winport-demo-{variant}" + ("-Q8_0" if dense_q8_0 else "-BF16"),
-                              dense_q8_0=dense_q8_0, draft_out=draft_out or None)
+    kind = ("-Q8_0" if dense_q8_0 else "-BF16") + ("-MXFP4" if experts_mxfp4 else "")
+    path = checkpoint_to_gguf(src, out, arch=archs[variant], name=f"winport-demo-{variant}" + kind,
+                              dense_q8_0=dense_q8_0, draft_out=draft_out or None, experts_mxfp4=experts_mxfp4)
     if json.loads((src / "config.json").read_text(encoding="utf-8")).get("vision_n_layers"):
         mmproj_to_gguf(src, out.with_name("mmproj-" + out.name), name=f"winport-demo-{variant}-mmproj")
     return path
