@@ -175,6 +175,8 @@ def test_build_plan_converts_a_gguf(bf16_gguf: Path, tmp_path: Path, monkeypatch
     assert (plan.model_path / "config.json").exists()
     assert plan.argv[plan.argv.index("--model-path") + 1] == str(plan.model_path)
     assert plan.argv[plan.argv.index("--served-model-name") + 1] == "demo-BF16"
+    # Experts not MXFP4: bf16 dense weights, no FP8 quantization_config (test_v41_ud_mix: the MXFP4 case).
+    assert "quantization_config" not in json.loads((plan.model_path / "config.json").read_text())
     with pytest.raises(ServeError, match="no such file"):
         build_plan(["--model", str(bf16_gguf), "--device", "cpu", "--draft-model", str(tmp_path / "nope.gguf")])
 

@@ -505,6 +505,10 @@ class LoadedGGUF:
             "weight_block_size": list(self.fp8_block),
         }
 
+    def mxfp4_expert_tensors(self) -> list[str]:
+        """GGUF names of the main model's routed-expert tensors stored as MXFP4 (UD-Q4_K_XL's experts)."""
+        return [g for g, m in self.plan.mapped.items() if m.role == "experts" and self.model[g].type.name == "MXFP4"]
+
     def engram_tables(self) -> dict[str, EngramTable]:
         """Engram hash tables by target name (``layers.N.engram.embed``), memory-mapped."""
         return {

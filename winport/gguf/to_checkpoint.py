@@ -32,12 +32,19 @@ Sidecars (``draft=`` / ``mmproj=``: a path, None to look next to the model, Fals
 Both are checked before any tensor data is read; what was bundled is recorded in the stamp file
 (:func:`sidecars`). The cache key covers the sidecar files too.
 
-Dense weights: with ``dense_fp8=False`` (what the CPU server uses; SGLang's CPU path has no FP8
-linear without AMX) Q8_0 and other quantized dense weights are dequantized to bfloat16, and
-BF16/F32 tensors are copied bit for bit. ``dense_fp8=True`` is the GPU path: dense weights become
+Dense weights: with ``dense_fp8=False`` Q8_0 and other quantized dense weights are dequantized to
+bfloat16, and BF16/F32 tensors are copied bit for bit. ``dense_fp8=True``: dense weights become
 block FP8 (winport.gguf.convert.to_fp8_blocks) and config.json gets the matching
-quantization_config. Routed MXFP4 experts are written in DeepSeek's FP4 layout either way;
-serving those (kt-kernel / the GPU MXFP4 MoE) is not wired here yet.
+quantization_config. Routed MXFP4 experts are written in DeepSeek's FP4 layout either way.
+``dense_fp8=None`` (what `winport serve` asks for) picks True exactly when the routed experts are
+MXFP4 (:func:`needs_fp8_config`): SGLang 0.5.23 loads DeepSeek's packed FP4 experts only through
+its FP8 quantization method (Fp8MoEMethod with is_fp4_experts, detected from the experts' uint8
+dtype), which exists only under an ``fp8`` quantization_config, and that config makes every dense
+linear an FP8 block linear. Without it SGLang builds bf16 experts and fails at load on the packed
+[N, K/2] rows. On a CPU without AMX those FP8 linears run W8A16 (winport.patches.cpu_fp8_block_linear)
+and the FP4 experts W4A16 (winport.patches.cpu_mxfp4_moe): the serving path of DeepSeek's own
+FP8 + MXFP4 checkpoint. Q8_0 -> FP8 adds e4m3 rounding (see to_fp8_blocks); BF16 dense weights that
+already are block-FP8 values with power-of-two scales (the demo's) come back as the same values.
 """
 
 from __future__ import annotations
@@ -248,7 +255,7 @@ def gguf_to_checkpoint(
     path: str | Path,
     *,
     cache: str | Path | None = None,
-    dense_fp8: bool = False,
+    dense_fp8: bool | None = False,
     shard_bytes: int = SHARD_BYTES,
     progress: bool = True,
     draft: str | Path | bool | None = False,
@@ -258,6 +265,8 @@ def gguf_to_checkpoint(
     """Convert (once) a GGUF model, plus its sidecars, into a checkpoint folder and return the folder.
 
     ``path``: a GGUF file, any shard of a split GGUF, or a folder with one model GGUF.
+    ``dense_fp8``: dense weights as block FP8 + quantization_config (True), as bf16 / as stored
+    (False), or None: True exactly when the routed experts are MXFP4 (:func:`needs_fp8_config`).
     ``draft`` / ``mmproj``: sidecar path, None to look next to the model, False to skip (default).
     ``engram_chunk_bytes``: source bytes per step when streaming engram tables (bounds the memory).
     Raises GGUFError (naming the file, tensor or key), for a bad sidecar before any conversion.
@@ -275,6 +284,11 @@ def gguf_to_checkpoint(
         vision_cfg: dict[str, Any] = {}
         if mm_plan is not None:
             vision_cfg = check_mmproj(loaded)
+        if dense_fp8 is None:
+            dense_fp8 = needs_fp8_config(loaded)
+            if dense_fp8:
+                _say(f"{loaded.model.paths[0].name}: routed experts are MXFP4, which SGLang loads only under "
+                     "its FP8 quantization config: dense weights are converted to block FP8 too")
         root = Path(cache) if cache else cache_dir()
         paths = list(loaded.model.paths)
         for side in (loaded.draft, loaded.mmproj):
@@ -313,6 +327,13 @@ def gguf_to_checkpoint(
     finally:
         loaded.close()
 
+
+
+def needs_fp8_config(loaded: Any) -> bool:
+    """Whether the converted checkpoint must carry an FP8 quantization_config for SGLang to load it:
+    true when the model's routed experts are MXFP4 (see the module docstring: SGLang 0.5.23 has no
+    other method for DeepSeek's packed FP4 experts, and under that config every dense linear is FP8)."""
+    return bool(loaded.mxfp4_expert_tensors())
 
 
 # Engram block types: (block bytes, scale bytes first in the block, values per block, copies of each

@@ -147,6 +147,9 @@ def build_plan(argv: list[str]) -> LaunchPlan:
                 check_sidecar_flags(model_path, resolve_device(args.device), args.draft_model, args.mmproj)
                 model_path = gguf_to_checkpoint(
                     model_path,
+                    # MXFP4 routed experts (UD-Q4_K_XL) load only under SGLang's FP8 quant config:
+                    # dense weights then go to block FP8 too; other GGUFs keep bf16 dense weights.
+                    dense_fp8=None,
                     draft=Path(args.draft_model).expanduser() if args.draft_model else None,
                     mmproj=Path(args.mmproj).expanduser() if args.mmproj else None,
                 )
