@@ -14,6 +14,12 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # Interpreted kernels address host memory directly: fail any access outside their tensors
+    # (tests/ops/triton_bounds.py) instead of corrupting the heap in silence.
+    from tests.ops.triton_bounds import install as _install_bounds_check
+
+    _install_bounds_check()
 
 # WINPORT_RECORD_TRITON=1: record the specializations of every kernels_triton launch and write
 # tests/ops/triton_specializations.json at the end of the session (see tests/ops/README.md).
