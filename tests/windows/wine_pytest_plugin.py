@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import os
 import re
 import sys
 from pathlib import Path
@@ -66,8 +67,6 @@ def pytest_unconfigure(config: object) -> None:
     Under Wine a run that imported SGLang and torch sometimes never exits (wine_harness's watchdog
     entry); the results are already printed by now, so nothing is lost by skipping the teardown.
     """
-    import os
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_exit_status[-1] if _exit_status else 0)
