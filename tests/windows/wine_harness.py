@@ -80,7 +80,10 @@ WINE_WORKAROUNDS: dict[str, str] = {
                                   "run of four and in none of nine runs of the tests up to it. No code of ours "
                                   "runs there, and the storage bounds check of every interpreted kernel "
                                   "(tests/ops/triton_bounds.py) finds no stray access by our kernels. The tier "
-                                  "reruns once, in a fresh process, from the test the process died in, and "
+                                  "reruns once, in a fresh process, from the test the process died in, with "
+                                  "torch on its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2: AVX-512 state under "
+                                  "Wine is the one difference from the Linux run not ruled out; a Win64 test "
+                                  "of zmm/k registers across 10k thread suspensions found none lost), and "
                                   "reports the crash as a warning; a second death fails",
     "OMP_NUM_THREADS=1 (ops)": "the one hang caught with a stack dump (2026-11-30) sat in a torch CPU op "
                                "of exactly the size where torch starts its OpenMP pool (tests/ops "
