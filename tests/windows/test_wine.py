@@ -152,16 +152,24 @@ def test_sglang_imports_on_windows(windows_python: wine_harness.Provisioned) -> 
 
 def _run_watched(args: list[str], *, what: str, timeout: float, stall: float | None = None,
                  env: dict[str, str] | None = None) -> wine_harness.Watched:
-    """Run Windows CPython; after a hang (WINE_WORKAROUNDS["watchdog"]) warn with its output and run
-    it once more. A second hang fails with both outputs; any other failure is the caller's to judge."""
+    """Run Windows CPython; after a hang or a native crash (WINE_WORKAROUNDS["watchdog"]) warn with its
+    output and run it once more. A second one fails with both outputs; any other failure is the
+    caller's to judge."""
     first = wine_harness.run_python_watched(args, env=env, timeout=timeout, stall=stall)
-    if first.hung is None:
+    if first.hung is None and not _native_crash(first):
         return first
-    report = f"{what}: Windows CPython hung under Wine ({first.hung}); ran it again.\n{_hang_excerpt(first)}"
+    why = first.hung or f"native crash, exit {first.returncode}"
+    report = f"{what}: Windows CPython under Wine: {why}; ran it again.\n{_hang_excerpt(first)}"
     warnings.warn(report, stacklevel=2)
     second = wine_harness.run_python_watched(args, env=env, timeout=timeout, stall=stall)
-    assert second.hung is None, f"{report}\n\nand again ({second.hung}):\n{_hang_excerpt(second)}"
+    assert second.hung is None and not _native_crash(second), (
+        f"{report}\n\nand again ({second.hung or f'exit {second.returncode}'}):\n{_hang_excerpt(second)}")
     return second
+
+
+def _native_crash(run: wine_harness.Watched) -> bool:
+    """A Windows process that died of an unhandled native exception (not a Python error)."""
+    return run.returncode not in (None, 0) and ("Windows fatal exception" in run.stderr or "Unhandled" in run.stderr)
 
 
 def _hang_excerpt(run: wine_harness.Watched) -> str:
@@ -254,6 +262,15 @@ def _run_resumable(args: list[str], env: dict[str, str], workdir: Path, what: st
     return runs, {k: v for run in runs for k, v in run.outcomes.items()}
 
 
+def test_native_crash_is_told_from_a_python_error() -> None:
+    """Only an unhandled native exception counts as a crash worth a rerun, not a failing script."""
+    fault = "Windows fatal exception: access violation\n\nCurrent thread 0x0330 (most recent call first):\n"
+    assert _native_crash(wine_harness.Watched(5, "", fault + "wine: Unhandled page fault on read access", None))
+    assert not _native_crash(wine_harness.Watched(1, "", "Traceback ...\nValueError: bad", None))
+    assert not _native_crash(wine_harness.Watched(0, "", fault, None))  # a handled first-chance report
+    assert not _native_crash(wine_harness.Watched(None, "", fault, "no output for 300 s"))  # a hang, not a crash
+
+
 @pytest.mark.wine
 def test_a_crashed_test_is_rerun_in_a_fresh_process(windows_python: wine_harness.Provisioned,
                                                      tmp_path: Path) -> None:
@@ -276,6 +293,7 @@ def test_a_crashed_test_is_rerun_in_a_fresh_process(windows_python: wine_harness
     assert time.monotonic() - start < 240, "the crash was not a prompt exit"
     assert len(runs) == 2 and runs[0].proc.hung is None, "the crashed process should end by itself"
     assert "Unhandled page fault" in wine_harness.strip_wine_noise(runs[0].proc.stderr)
+    assert _native_crash(runs[0].proc) and not _native_crash(runs[1].proc)
     assert [n.split("::")[1] for n in runs[0].started] == ["test_before", "test_crash"]
     assert [n.split("::")[1] for n in runs[1].started] == ["test_crash", "test_after"]
     assert sorted((n.split("::")[1], o) for n, o in outcomes.items()) == [

@@ -93,7 +93,8 @@ WINE_WORKAROUNDS: dict[str, str] = {
                 "SGLang import test, once in the ops suite, after faulthandler printed 'Windows fatal "
                 "exception'), and once in four local repeats of the ops suite (none in five of the import): "
                 "run_python_watched ends such a run early with its output, and the wine tier runs it once "
-                "more, reporting the hang as a warning",
+                "more, reporting the hang as a warning; since winedbg.exe=d the same goes for a run that "
+                "dies of an unhandled native exception",
 }
 NUMPY_UNDER_WINE = "numpy==2.1.3"
 
