@@ -1,9 +1,11 @@
-"""Engram tables go from the GGUF into the checkpoint in bounded memory (issue 6, conversion rule:
-"engram tables stay in the file and are read through the memory map on demand").
+"""Engram tables in bounded memory (issue 6, conversion rule: "engram tables stay in the file and
+are read through the memory map on demand").
 
-V4.1-Flash's two engram tables are ~100 GB each; winport.gguf.to_checkpoint streams them from the
+V4.1-Flash's two engram tables are ~100 GB each. By default (``engram="map"``) winport.gguf.to_checkpoint
+leaves them in the GGUF and records where they are (engram_gguf.json); the served model gathers rows
+through a memory map (winport.gguf.engram_rows). With ``engram="copy"`` it streams them from the
 memory map into the safetensors shard ``engram_chunk_bytes`` of source blocks at a time
-(to_checkpoint.EngramStream). Checked here, on tables many times the chunk size:
+(to_checkpoint.EngramStream). Checked here, on tables many times the chunk size, for both routes:
 - the checkpoint's ``layers.1.engram.embed.weight`` / ``.scale`` are the GGUF blocks' e4m3 values
   and E8M0 scales bit for bit, against a plain numpy split of the whole block stream, for MXFP8
   one block per row (V4.1-Flash), MXFP8 with 64-value rows packed four to a block (the demo; a
@@ -20,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from safetensors import safe_open
 
 from winport.gguf import GGUFError
+from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
 from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
 from .conftest import random_blocks, write_gguf
@@ -59,9 +63,11 @@ def _reference(tname: str, blocks: np.ndarray, rows: int, dim: int) -> tuple[np.
     return w[:n].reshape(rows, dim), s[: n // 32].reshape(rows, dim // 32)
 
 
-def _read(folder: Path, name: str) -> np.ndarray:
-    import torch
+def _has(folder: Path, name: str) -> bool:
+    return any(name in safe_open(str(f), framework="pt").keys() for f in folder.glob("*.safetensors"))  # noqa: SIM118
 
+
+def _read(folder: Path, name: str) -> np.ndarray:
     for f in sorted(folder.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as st:
             if name in st.keys():  # noqa: SIM118 - safe_open is not a dict
@@ -69,13 +75,13 @@ def _read(folder: Path, name: str) -> np.ndarray:
     raise AssertionError(f"{name} not in {folder}")
 
 
-def _convert(path: Path, cache: Path) -> tuple[Path, int]:
+def _convert(path: Path, cache: Path, engram: str = "copy") -> tuple[Path, int]:
     """Convert with tracemalloc on; (folder, peak traced bytes)."""
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
         folder = gguf_to_checkpoint(path, cache=cache, progress=False, shard_bytes=1 << 20,
-                                    engram_chunk_bytes=CHUNK)
+                                    engram_chunk_bytes=CHUNK, engram=engram)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -101,6 +107,14 @@ def test_engram_table_streams_bit_identically_in_bounded_memory(tmp_path: Path, 
         assert got_w.shape == (rows, dim) and got_s.shape == (rows, dim // 32)
         np.testing.assert_array_equal(got_w, w)
         np.testing.assert_array_equal(got_s, s)
+        if scale == 4:  # the default route on the largest table: nothing copied, every row read back
+            mapped, map_peak = _convert(path, tmp_path / "cache-map", engram="map")
+            assert not _has(mapped, "layers.1.engram.embed.weight") and map_peak < table_bytes / 8
+            table = EngramRows(read_sources(mapped / SIDECAR)[1])
+            got_w, got_s = table.gather(torch.arange(rows))
+            np.testing.assert_array_equal(got_w.view(torch.uint8).numpy(), w)
+            np.testing.assert_array_equal(got_s.view(torch.uint8).numpy(), s)
+            table.close()
     assert peaks[4] < table_bytes / 8, f"peak {peaks[4]} B while converting a {table_bytes} B table"
     assert peaks[4] - peaks[1] < CHUNK, f"peak grew with the table: {peaks}"
 

@@ -25,7 +25,10 @@ Sidecars (``draft=`` / ``mmproj=``: a path, None to look next to the model, Fals
   vision_dim, ..., image_token_id), from the projector's clip.vision.* hparams or documented
   defaults, printed (winport.gguf.vision). The projector must fit the model (a V4.1 model, aligner
   output = hidden size, VL routing biases present): checked before anything is converted.
-- V4.1 engram tables (role ``engram``, MXFP8 or F8_E4M3_B128) are written as
+- V4.1 engram tables (role ``engram``, MXFP8 or F8_E4M3_B128) stay in the GGUF by default
+  (``engram="map"``): the folder gets ``engram_gguf.json`` naming each table's file, byte range and
+  format, and the served model reads the rows it needs through a read-only memory map
+  (winport.gguf.engram_rows, patch engram_rows_from_gguf). ``engram="copy"`` writes them as
   ``layers.N.engram.embed.weight`` / ``.scale`` (:class:`EngramStream`), byte copies streamed from
   the memory map into the shard in chunks (``engram_chunk_bytes``): a 100 GB table never sits in
   memory. Each table is one shard entry pair (a shard may exceed ``shard_bytes`` to hold it).
@@ -261,6 +264,7 @@ def gguf_to_checkpoint(
     draft: str | Path | bool | None = False,
     mmproj: str | Path | bool | None = False,
     engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES,
+    engram: str = "map",
 ) -> Path:
     """Convert (once) a GGUF model, plus its sidecars, into a checkpoint folder and return the folder.
 
@@ -268,7 +272,9 @@ def gguf_to_checkpoint(
     ``dense_fp8``: dense weights as block FP8 + quantization_config (True), as bf16 / as stored
     (False), or None: True exactly when the routed experts are MXFP4 (:func:`needs_fp8_config`).
     ``draft`` / ``mmproj``: sidecar path, None to look next to the model, False to skip (default).
-    ``engram_chunk_bytes``: source bytes per step when streaming engram tables (bounds the memory).
+    ``engram``: "map" (default) leaves V4.1 engram tables in the GGUF and writes engram_gguf.json
+    (served through a memory map, winport.gguf.engram_rows); "copy" streams them into the shards.
+    ``engram_chunk_bytes``: source bytes per step when copying engram tables (bounds the memory).
     Raises GGUFError (naming the file, tensor or key), for a bad sidecar before any conversion.
     """
     from winport.paths import cache_dir
@@ -276,6 +282,8 @@ def gguf_to_checkpoint(
     from .convert import load_gguf_model
     from .hparams import config_from_metadata
 
+    if engram not in ("map", "copy"):
+        raise ValueError(f"engram={engram!r}: expected 'map' or 'copy'")
     loaded = load_gguf_model(path, draft=draft, mmproj=mmproj)
     try:
         # Sidecars are checked first: a bad one is reported at start, not after the model.
@@ -294,7 +302,8 @@ def gguf_to_checkpoint(
         for side in (loaded.draft, loaded.mmproj):
             if side is not None:
                 paths += side.paths
-        key = cache_key(paths, dense_fp8=dense_fp8, draft=loaded.draft is not None, mmproj=loaded.mmproj is not None)
+        key = cache_key(paths, dense_fp8=dense_fp8, draft=loaded.draft is not None, mmproj=loaded.mmproj is not None,
+                        engram=engram)
         folder = root / "gguf" / key
         if _is_complete(folder):
             _say(f"{loaded.model.paths[0].name}: using the converted copy in {folder}")
@@ -315,7 +324,7 @@ def gguf_to_checkpoint(
         tmp.mkdir(parents=True)
         try:
             _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root,
-                          draft_cfg, mm_plan, engram_chunk_bytes, vision_cfg)
+                          draft_cfg, mm_plan, engram_chunk_bytes, vision_cfg, engram)
             if folder.exists():
                 shutil.rmtree(folder)
             tmp.rename(folder)
@@ -336,11 +345,6 @@ def needs_fp8_config(loaded: Any) -> bool:
     return bool(loaded.mxfp4_expert_tensors())
 
 
-# Engram block types: (block bytes, scale bytes first in the block, values per block, copies of each
-# stored scale byte in SGLang's one-scale-per-32-values layout).
-_ENGRAM_BLOCKS = {"MXFP8": (264, 8, 256, 1), "F8_E4M3_B128": (129, 1, 128, 4)}
-
-
 class EngramStream(StreamedGroup):
     """One V4.1 engram table written as SGLang's ``<target>.weight`` float8_e4m3fn [rows, dim] and
     ``<target>.scale`` E8M0 [rows, dim / 32], bytes copied (no arithmetic), chunk by chunk.
@@ -356,26 +360,16 @@ class EngramStream(StreamedGroup):
     def __init__(self, target: str, tensor: Any, rows: int, dim: int, chunk_bytes: int) -> None:
         import torch
 
-        tname = tensor.type.name
-        if tname not in _ENGRAM_BLOCKS:
-            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: engram table stored as {tname}, "
-                            f"expected one of {', '.join(_ENGRAM_BLOCKS)}")
-        block_bytes, n_scale, n_vals, rep = _ENGRAM_BLOCKS[tname]
-        if dim % 32 or rows < 0:
-            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: engram rows of {dim} values are not whole "
-                            "32-value scale groups")
-        if tensor.nbytes % block_bytes:
-            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: {tensor.nbytes} bytes are not whole "
-                            f"{tname} blocks")
-        self.n_blocks = tensor.nbytes // block_bytes
+        from .engram_rows import SCALE_GROUP, check_table
+
+        f = check_table(str(tensor.path), tensor.name, tensor.type.name, tensor.nbytes, rows, dim)
+        self.n_blocks = tensor.nbytes // f.block_bytes
         total = rows * dim
-        if not (total <= self.n_blocks * n_vals < total + n_vals):
-            raise GGUFError(f"{tensor.path}: tensor {tensor.name!r}: {self.n_blocks} {tname} blocks do not hold "
-                            f"exactly {rows} rows x {dim} values (engram hparams)")
         self.tensor = tensor
-        self.fmt = (block_bytes, n_scale, n_vals, rep)
+        # (block bytes, scale bytes, values per block, copies of each stored scale in SGLang's layout)
+        self.fmt = (f.block_bytes, f.scale_bytes, f.values, f.values_per_scale // SCALE_GROUP)
         self.total = total
-        self.blocks_per_chunk = max(1, chunk_bytes // block_bytes)
+        self.blocks_per_chunk = max(1, chunk_bytes // f.block_bytes)
         scale_dtype = "F8_E8M0" if hasattr(torch, "float8_e8m0fnu") else "U8"
         self.parts = [(target + ".weight", "F8_E4M3", [rows, dim], total),
                       (target + ".scale", scale_dtype, [rows, dim // 32], total // 32)]
@@ -408,13 +402,10 @@ class EngramStream(StreamedGroup):
             fh.write(memoryview(sc))
 
 
-def engram_tensors(loaded: Any, config: dict[str, Any], chunk_bytes: int = ENGRAM_CHUNK_BYTES) -> list[EngramStream]:
-    """V4.1 engram tables as streamed SGLang checkpoint tensors (see :class:`EngramStream`).
-
-    ``rows`` / ``dim`` come from the config (engram_layer_ids, engram_num_embeddings,
-    engram_head_dim); a table that does not hold exactly that many values, or a layer not in
-    engram_layer_ids, is a GGUFError naming the file and tensor. Nothing is read here.
-    """
+def _engram_tables(loaded: Any, config: dict[str, Any]) -> list[tuple[str, int, Any, int, int]]:
+    """(target, layer, GGUF tensor, rows, dim) of every engram table, rows / dim from the config
+    (engram_layer_ids, engram_num_embeddings, engram_head_dim); a layer not in engram_layer_ids or
+    missing hparams are a GGUFError naming the file and tensor. Nothing is read here."""
     tables = loaded.engram_tables()
     if not tables:
         return []
@@ -431,7 +422,28 @@ def engram_tensors(loaded: Any, config: dict[str, Any], chunk_bytes: int = ENGRA
         if layer not in rows_by_layer:
             raise GGUFError(f"{path}: tensor {table.tensor.name!r}: layer {layer} is not in engram_layer_ids "
                             f"{layer_ids}")
-        out.append(EngramStream(target, table.tensor, int(rows_by_layer[layer]), dim, chunk_bytes))
+        out.append((target, layer, table.tensor, int(rows_by_layer[layer]), dim))
+    return out
+
+
+def engram_tensors(loaded: Any, config: dict[str, Any], chunk_bytes: int = ENGRAM_CHUNK_BYTES) -> list[EngramStream]:
+    """V4.1 engram tables as streamed SGLang checkpoint tensors (see :class:`EngramStream`): the
+    ``engram="copy"`` route. A table that does not hold exactly rows x dim values is a GGUFError."""
+    return [EngramStream(target, tensor, rows, dim, chunk_bytes)
+            for target, _layer, tensor, rows, dim in _engram_tables(loaded, config)]
+
+
+def engram_sources(loaded: Any, config: dict[str, Any]) -> list[Any]:
+    """Where each V4.1 engram table lies in the GGUF (winport.gguf.engram_rows.EngramSource): the
+    ``engram="map"`` route, checked like :func:`engram_tensors` but nothing is copied."""
+    from .engram_rows import EngramSource, check_table
+
+    out = []
+    for target, layer, t, rows, dim in _engram_tables(loaded, config):
+        check_table(str(t.path), t.name, t.type.name, t.nbytes, rows, dim)
+        out.append(EngramSource(layer=layer, target=target, path=str(Path(t.path).resolve()), tensor=t.name,
+                                offset=t.offset, nbytes=t.nbytes, type=t.type.name, rows=rows, dim=dim,
+                                file_size=Path(t.path).stat().st_size))
     return out
 
 
@@ -453,7 +465,8 @@ def check_mmproj(loaded: Any, say: bool = True) -> dict[str, Any]:
 
 def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
                   progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any,
-                  engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES, vision_cfg: dict[str, Any] | None = None) -> None:
+                  engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES, vision_cfg: dict[str, Any] | None = None,
+                  engram: str = "map") -> None:
     meta = loaded.metadata
     config = config_from_metadata(meta, list(loaded.model.tensors))
     config.update(draft_cfg)
@@ -490,15 +503,26 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
             n_draft += src is loaded.draft
             n_vision += src is loaded.mmproj
             writer.add(name, t)
-    for group in engram_tensors(loaded, config, engram_chunk_bytes):
-        for name, *_ in group.parts:
-            if name in seen:
-                raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
-            seen.add(name)
-        writer.add_group(group)
+    mapped: list[Any] = []
+    if engram == "map":
+        from .engram_rows import write_sources
+
+        mapped = engram_sources(loaded, config)
+        if mapped:
+            write_sources(tmp, mapped)
+            _say(f"{len(mapped)} engram table(s) stay in {loaded.model.paths[0].name}, read through a memory map "
+                 f"when served ({sum(m.nbytes for m in mapped) / 1e6:,.1f} MB not copied)")
+    else:
+        for group in engram_tensors(loaded, config, engram_chunk_bytes):
+            for name, *_ in group.parts:
+                if name in seen:
+                    raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
+                seen.add(name)
+            writer.add_group(group)
     weight_files = writer.finish()
     stamp: dict[str, Any] = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
-                             "dense_fp8": dense_fp8, "weights": weight_files, "tensors": len(seen)}
+                             "dense_fp8": dense_fp8, "weights": weight_files, "tensors": len(seen),
+                             "engram": {"route": engram, "mapped_tables": len(mapped)}}
     if loaded.draft is not None:
         stamp["draft"] = {"source": [str(p) for p in loaded.draft.paths], "tensors": n_draft,
                           "stages": draft_cfg["num_nextn_predict_layers"], "config": draft_cfg}

@@ -19,6 +19,7 @@ PATCHES: tuple[str, ...] = (
     "dsv41_cpu_index_k_store",
     "cpu_mhc_combine",
     "engram_host_table_file_map",
+    "engram_rows_from_gguf",
     "chat_template_without_recipe",
     "chat_images_in_string_template",
     "cpu_fp8_block_linear",

@@ -161,6 +161,13 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     # PYTHONUTF8: SGLang opens tokenizer_config.json and other JSON files without encoding=, which
     # on Windows means the ANSI code page (cp1252) and fails on DeepSeek's non-ASCII special tokens.
     env: dict[str, str] = {"WINPORT_PLATFORM": "on", "PYTHONUTF8": "1", **sglang_switches(device)}
+    from winport.gguf.engram_rows import ENV as ENGRAM_ENV
+    from winport.gguf.engram_rows import SIDECAR as ENGRAM_SIDECAR
+
+    if (Path(model_path) / ENGRAM_SIDECAR).is_file():
+        # V4.1 engram tables left in the GGUF: SGLang's processes read them through a memory map
+        # (winport.gguf.engram_rows, patch engram_rows_from_gguf).
+        env[ENGRAM_ENV] = str(Path(model_path) / ENGRAM_SIDECAR)
     # SGLang names the model after its path unless told otherwise and refuses a name with ':'
     # (its LoRA "model:adapter" syntax), i.e. every absolute Windows path.
     served_name = args.served_model_name or (f"winport-demo-{args.demo_variant}" if args.demo else model_path.stem)
