@@ -30,7 +30,8 @@ Checked here, without a server:
   prompt log-probabilities and 8 greedy tokens identical; not in CI, to save a server start);
 - gguf-py's quantizer run in row chunks (bounded memory) gives the bytes of one whole-tensor call.
 
-Live (in CI; three v41 servers one after the other: the module takes 2.5-3 min on a 2-core machine):
+Live (in CI; three v41 servers one after the other: the module took 2 min 26 s on the 2-core dev machine,
+3 min 17 s while other tests loaded it):
 - `winport serve --model <UD-mix GGUF>` converts the file (fresh cache) and answers /generate and an
   OpenAI chat completion;
 - its prompt log-probabilities (66 positions) are compared with the demo's FP8 + MXFP4 safetensors
