@@ -6,6 +6,7 @@ tests/windows/wine_harness.py provisions the interpreter (cached in .cache/wine/
     the SysV stub and /proc/cpuinfo report on Linux for the same CPU
   - install.ps1's interpreter probe refusing an embeddable Python
   - the op-equivalence suite (tests/ops) on CPU, torch path and Triton's interpreter
+  - engram rows read through a memory map of the GGUF (tests/gguf/test_engram_rows.py)
   - `winport serve --demo` answering one chat completion over tcp (enable with SERVE_READY)
 """
 
@@ -334,6 +335,16 @@ def test_ops_suite_on_windows_cpu(windows_python: wine_harness.Provisioned, tmp_
     _check(last.proc, "pytest tests/ops under Windows CPython")
     failed = sorted(k for k, v in outcomes.items() if v == "FAILED")
     assert not failed, f"failed under Windows CPython: {failed}"
+
+
+@pytest.mark.wine
+def test_engram_rows_from_the_gguf_map_on_windows(windows_python: wine_harness.Provisioned) -> None:
+    """Engram rows gathered through a read-only memory map of the GGUF (winport.gguf.engram_rows and
+    its SGLang patch) under Windows CPython, where mmap offsets must sit on 64 KiB boundaries."""
+    proc = _run_watched(["-m", "pytest", "tests/gguf/test_engram_rows.py", "-q", "-p", "no:cacheprovider"],
+                        what="pytest tests/gguf/test_engram_rows.py under Windows CPython", timeout=600, stall=400)
+    out = _check(proc, "pytest tests/gguf/test_engram_rows.py under Windows CPython")
+    assert re.search(r"\b10 passed\b", out) and "skipped" not in out, out[-2000:]
 
 
 def _free_port() -> int:
