@@ -128,11 +128,20 @@ def bf16_mxfp4_gguf(bf16_demo: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _load(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor the server gets from ``folder``: the shards, plus the engram tables a converted
+    GGUF leaves in the GGUF (engram_gguf.json), read whole through the same memory map."""
     from safetensors.torch import load_file
+
+    from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
 
     out: dict[str, torch.Tensor] = {}
     for f in sorted(folder.glob("*.safetensors")):
         out.update(load_file(str(f)))
+    if (folder / SIDECAR).exists():
+        for source in read_sources(folder / SIDECAR).values():
+            table = EngramRows(source)
+            out[source.target + ".weight"], out[source.target + ".scale"] = table.gather(torch.arange(source.rows))
+            table.close()
     return out
 
 
