@@ -144,3 +144,22 @@ def rng() -> np.random.Generator:
     seed = int(np.random.SeedSequence().entropy % (1 << 32))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
+
+
+def served_tensors(folder: Path) -> dict[str, Any]:
+    """Every tensor SGLang gets from a converted folder: its safetensors shards, plus the engram tables
+    a converted GGUF leaves in the GGUF (engram_gguf.json), read whole through the same memory map."""
+    import torch
+    from safetensors.torch import load_file
+
+    from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
+
+    out: dict[str, Any] = {}
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    if (Path(folder) / SIDECAR).exists():
+        for source in read_sources(Path(folder) / SIDECAR).values():
+            table = EngramRows(source)
+            out[source.target + ".weight"], out[source.target + ".scale"] = table.gather(torch.arange(source.rows))
+            table.close()
+    return out

@@ -83,7 +83,7 @@ def _synthetic_draft(folder: Path, layout: dict[str, torch.Tensor], rng: np.rand
 
 def _layout(folder: Path) -> dict[str, torch.Tensor]:
     """mtp.* names, shapes and dtypes of a converted draft; MXFP4 experts (the layout draft's stage 0
-    keeps the tiny model's) as the bf16 [N, K] a Q8_0 draft's experts convert to."""
+    keeps the tiny model's) as the bf16 [N, K] a synthetic draft checkpoint holds."""
     out = {}
     for k, v in load_file(str(folder / "model.safetensors")).items():
         if not k.startswith("mtp.") or (".ffn.experts." in k and k.endswith(".scale")):
@@ -117,14 +117,27 @@ def test_draft_gguf_round_trips_through_the_sidecar_reader(setup: tuple[Path, Pa
     # Back through the reader that bundles a draft sidecar into the model's checkpoint.
     back_dir = gguf_to_checkpoint(model, cache=tmp_path / "cache1", draft=out, progress=False)
     back = {k: v for k, v in load_file(str(back_dir / "model.safetensors")).items() if k.startswith("mtp.")}
-    assert sorted(back) == sorted(src)
+    expert_scales = {k for k in back if ".ffn.experts." in k and k.endswith(".scale")}
+    assert sorted(set(back) - expert_scales) == sorted(src)
+    from winport.demo.quantize import dequantize_mxfp4, quantize_mxfp4
     from winport.gguf.export import gguf_name
 
-    n_q8 = 0
+    n_q8 = n_fp4 = 0
     for name, x in src.items():
         got = back[name]
-        assert got.dtype == x.dtype and got.shape == x.shape, name
         g, _, e = gguf_name("layers." + name[len("mtp."):])
+        if ".ffn.experts." in name:
+            # The tiny model's experts are MXFP4, so SGLang loads the draft's experts as MXFP4 too
+            # (convert._experts_to_mxfp4): the Q8_0 values (gguf-py's round trip) requantized.
+            n_fp4 += 1
+            scale = back[name[: -len("weight")] + "scale"]
+            assert got.dtype == torch.uint8 and got.shape == (x.shape[0], x.shape[1] // 2), name
+            q8 = gq.dequantize(gq.quantize(x.float().numpy(), gguf.GGMLQuantizationType.Q8_0),
+                               gguf.GGMLQuantizationType.Q8_0)
+            want = dequantize_mxfp4(*quantize_mxfp4(torch.from_numpy(q8), amax_slack=2.0**-6))
+            assert torch.equal(dequantize_mxfp4(got, scale), want), name
+            continue
+        assert got.dtype == x.dtype and got.shape == x.shape, name
         if exact or types[g] != "Q8_0":
             np.testing.assert_array_equal(_bits(got), _bits(x), err_msg=name)
         else:
@@ -134,7 +147,7 @@ def test_draft_gguf_round_trips_through_the_sidecar_reader(setup: tuple[Path, Pa
             assert np.isfinite(ref).all()
             np.testing.assert_array_equal(_bits(got), _bits(torch.from_numpy(ref).bfloat16()), err_msg=name)
             assert not np.array_equal(_bits(got), _bits(x)), f"{name}: Q8_0 was lossless on random values?"
-    assert exact or n_q8 > 20
+    assert (exact or n_q8 + n_fp4 > 20) and n_fp4 >= 6
     cfg = json.loads((back_dir / "config.json").read_text())
     assert {k: cfg[k] for k in DRAFT_CFG} == DRAFT_CFG
 

@@ -122,12 +122,14 @@ def test_sidecars_found_next_to_model_are_bundled(model_dir: tuple[Path, dict, d
     assert "mtp.0.main_proj.weight" in mtp and "mtp.0.main_norm.weight" in mtp and "mtp.1.norm.weight" in mtp
     assert "mtp.0.ffn.experts.3.w2.weight" in mtp and "mtp.1.attn.wq_a.weight" in mtp
     q8_experts = dt["blk.1.ffn_down_exps.weight"][1]
-    for e in range(4):  # Q8_0 experts -> bf16 of gguf-py's dequantization
-        ref = gq.dequantize(q8_experts[e], gguf.GGMLQuantizationType.Q8_0)
-        got = w[f"mtp.1.ffn.experts.{e}.w2.weight"]
-        assert got.dtype == torch.bfloat16
-        np.testing.assert_array_equal(got.view(torch.int16).numpy(),
-                                      torch.from_numpy(ref).to(torch.bfloat16).view(torch.int16).numpy())
+    from winport.demo.quantize import dequantize_mxfp4, quantize_mxfp4
+
+    for e in range(4):  # Q8_0 experts of a draft next to an MXFP4 model -> MXFP4 of gguf-py's dequantization
+        ref = torch.from_numpy(gq.dequantize(q8_experts[e], gguf.GGMLQuantizationType.Q8_0))
+        got, scale = w[f"mtp.1.ffn.experts.{e}.w2.weight"], w[f"mtp.1.ffn.experts.{e}.w2.scale"]
+        assert got.dtype == torch.uint8 and scale.dtype == torch.float8_e8m0fnu
+        want = dequantize_mxfp4(*quantize_mxfp4(ref, amax_slack=2.0**-6))
+        assert torch.equal(dequantize_mxfp4(got, scale), want) and (want - ref).abs().max() > 0
     np.testing.assert_array_equal(_bits(w["mtp.1.markov_head.embed.weight"]),
                                   dt["blk.1.dspark_markov_embd.weight"][1].view(np.uint8).reshape(-1))
     ref = open_gguf(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf")["blk.0.dspark_main_proj.weight"].dequantize()

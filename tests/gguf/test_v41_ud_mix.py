@@ -73,6 +73,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.gguf.conftest import served_tensors
 from tests.helpers import REPO_ROOT
 
 CACHE = REPO_ROOT / ".cache" / "winport-test-gguf-v41"  # shared with test_v41_gguf (same demo folders)
@@ -125,24 +126,6 @@ def bf16_mxfp4_gguf(bf16_demo: Path, tmp_path_factory: pytest.TempPathFactory) -
 
     return export_demo_gguf(tmp_path_factory.mktemp("bf16mx") / "demo-v41-BF16-MXFP4.gguf", folder=bf16_demo,
                             variant="v41", experts_mxfp4=True)
-
-
-def _load(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor the server gets from ``folder``: the shards, plus the engram tables a converted
-    GGUF leaves in the GGUF (engram_gguf.json), read whole through the same memory map."""
-    from safetensors.torch import load_file
-
-    from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
-
-    out: dict[str, torch.Tensor] = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    if (folder / SIDECAR).exists():
-        for source in read_sources(folder / SIDECAR).values():
-            table = EngramRows(source)
-            out[source.target + ".weight"], out[source.target + ".scale"] = table.gather(torch.arange(source.rows))
-            table.close()
-    return out
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -218,7 +201,7 @@ def test_mxfp4_experts_hold_the_demo_codes(ud_gguf: Path, bf16_demo: Path, fp8_d
 
     meta, tensors = _stored(ud_gguf)
     assert meta["general.file_type"] == int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
-    plain, fp8 = _load(bf16_demo), _load(fp8_demo)
+    plain, fp8 = served_tensors(bf16_demo), served_tensors(fp8_demo)
     n_experts = n_q8 = 0
     for name in sorted(plain):
         if name.startswith("mtp."):  # the draft: its own GGUF
@@ -289,7 +272,7 @@ def test_ud_mix_converts_to_fp8_dense_and_the_demo_experts(ud_gguf: Path, fp8_de
     folder = _convert(ud_gguf, tmp_path)
     cfg = json.loads((folder / "config.json").read_text())
     assert cfg["quantization_config"] == json.loads((fp8_demo / "config.json").read_text())["quantization_config"]
-    got, ref = _load(folder), _load(fp8_demo)
+    got, ref = served_tensors(folder), served_tensors(fp8_demo)
     _, tensors = _stored(ud_gguf)
     assert sorted(k for k in got if not k.startswith("mtp.")) == sorted(k for k in ref if not k.startswith("mtp."))
     n_dense = 0
@@ -310,7 +293,7 @@ def test_ud_mix_converts_to_fp8_dense_and_the_demo_experts(ud_gguf: Path, fp8_de
 
 def test_bf16_dense_mxfp4_file_converts_to_the_demo_values(bf16_mxfp4_gguf: Path, fp8_demo: Path,
                                                            tmp_path: Path) -> None:
-    got, ref = _load(_convert(bf16_mxfp4_gguf, tmp_path)), _load(fp8_demo)
+    got, ref = served_tensors(_convert(bf16_mxfp4_gguf, tmp_path)), served_tensors(fp8_demo)
     for name in ref:
         if name.startswith("mtp.") or _is_dense_scale(name):
             continue
@@ -347,7 +330,7 @@ def _control_checkpoint(fp8_demo: Path, bf16_demo: Path, ud_gguf: Path, out: Pat
     for f in fp8_demo.iterdir():
         if f.is_file() and f.suffix != ".safetensors" and not f.name.startswith("winport-demo"):
             shutil.copyfile(f, out / f.name)
-    tensors, plain = _load(fp8_demo), _load(bf16_demo)
+    tensors, plain = served_tensors(fp8_demo), served_tensors(bf16_demo)
     _, gguf_tensors = _stored(ud_gguf)
     ratio = float("inf")
     for name in [n for n in tensors if _is_dense_fp8(n)]:
@@ -493,3 +476,25 @@ def test_greedy_tokens_agree_up_to_a_near_tie(live: Live) -> None:
           f"GGUF {b!r} {top_got[b]:.3f}, reference's {a!r} {top_got.get(a, float('-inf')):.3f}")
     assert b in top_ref and top_ref[a] - top_ref[b] <= tie, (first, a, b)
     assert a in top_got and top_got[b] - top_got[a] <= tie, (first, a, b)
+
+
+def test_draft_of_an_mxfp4_model_gets_the_demos_mxfp4_experts(ud_gguf: Path, fp8_demo: Path, tmp_path: Path) -> None:
+    """SGLang decides FP4 experts for the whole model, the bundled DSpark draft's included (as DeepSeek
+    ships them): next to an MXFP4 model the Q8_0 draft's experts are requantized to MXFP4, and since
+    they are Q8_0 of MXFP4 values the served values are the demo draft's own, exactly (the scale
+    slack in _experts_to_mxfp4 is what makes power-of-two block maxima come back; without it this
+    test fails). Everything else of the draft keeps its form (dense FP8, norms as stored)."""
+    from winport.demo.quantize import dequantize_mxfp4
+    from winport.gguf.to_checkpoint import gguf_to_checkpoint
+
+    assert any(p.name.endswith("-DSpark.gguf") for p in ud_gguf.parent.iterdir()), "the draft lies next to the model"
+    folder = gguf_to_checkpoint(ud_gguf, cache=tmp_path, dense_fp8=None, progress=False, draft=None)
+    got, ref = served_tensors(folder), served_tensors(fp8_demo)
+    experts = sorted(k for k in ref if k.startswith("mtp.") and ".experts." in k and k.endswith(".weight"))
+    assert len(experts) >= 12, experts
+    for name in experts:
+        scale = name[: -len("weight")] + "scale"
+        assert got[name].dtype == torch.uint8 and got[name].shape == ref[name].shape, name
+        assert got[scale].dtype == torch.float8_e8m0fnu and got[scale].shape == ref[scale].shape, name
+        assert torch.equal(dequantize_mxfp4(got[name], got[scale]), dequantize_mxfp4(ref[name], ref[scale])), name
+    assert sorted(k for k in got if k.startswith("mtp.")) == sorted(k for k in ref if k.startswith("mtp."))

@@ -25,7 +25,7 @@ from winport.gguf import GGUFError
 from winport.gguf.cli import main as cli_main
 from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
-from .conftest import write_gguf
+from .conftest import served_tensors, write_gguf
 from .test_model_load import KV, H, _bf16, _f32, tiny_v41_tensors
 from .test_sidecars import MMPROJ_KV, TOKENIZER_KV, _tokens, mmproj_tensors, with_vl_biases
 
@@ -47,7 +47,7 @@ def test_demo_round_trips_through_gguf_and_mmproj(demo: tuple[Path, Path, Path],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     folder, model, mmproj = demo
     conv = gguf_to_checkpoint(model, cache=tmp_path, mmproj=mmproj, progress=False)
-    want, got = load_file(str(folder / "model.safetensors")), load_file(str(conv / "model.safetensors"))
+    want, got = load_file(str(folder / "model.safetensors")), served_tensors(conv)
     assert sorted(got) == sorted(want)
     assert any(k.startswith("vision.blocks.1.") for k in got) and "layers.5.ffn.gate.bias_vl" in got
     for k, t in want.items():

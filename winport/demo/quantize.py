@@ -132,14 +132,18 @@ def _e2m1_codes(m: torch.Tensor) -> torch.Tensor:
     return code.clamp(max=7)
 
 
-def quantize_mxfp4(w: torch.Tensor, name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] (K % 32 == 0) -> (int8 [N, K/2] packed E2M1 pairs, float8_e8m0fnu [N, K/32])."""
+def quantize_mxfp4(w: torch.Tensor, name: str = "tensor", amax_slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (K % 32 == 0) -> (int8 [N, K/2] packed E2M1 pairs, float8_e8m0fnu [N, K/32]).
+
+    ``amax_slack``: each block's exponent is taken from amax * (1 + amax_slack); a small slack finds
+    the original scale again for values that are MXFP4 values plus a rounding error that may have
+    pulled a power-of-two maximum just below it (winport.gguf.convert._experts_to_mxfp4)."""
     x = _check_matrix(w, name)
     n, k = x.shape
     if k % MXFP4_BLOCK:
         raise ValueError(f"{name}: MXFP4 needs the input dim divisible by {MXFP4_BLOCK}, got {k}")
     blocks = x.view(n, k // MXFP4_BLOCK, MXFP4_BLOCK)
-    amax = blocks.abs().amax(-1)
+    amax = blocks.abs().amax(-1) * (1.0 + amax_slack)
     # floor(log2(amax)) from frexp (exact, unlike log2 near powers of two): amax = f * 2^e, f in [0.5, 1).
     _, e = torch.frexp(amax)
     exponent = torch.where(amax > 0, (e - 1 - 2).to(torch.float32), torch.full_like(amax, -127.0))

@@ -550,7 +550,12 @@ class LoadedGGUF:
             {g: m for g, m in self.draft_plan.mapped.items() if m.target.startswith("layers.")},
             [], [], self.draft_plan.n_layers,
         )
-        yield from _stream(self.draft, stage_only, self, progress, dense_fp8, None, True, prefix="mtp.")
+        # SGLang decides FP4 experts for the whole model (ModelConfig.is_fp4_experts, also the draft's
+        # "mtp.*" experts, which DeepSeek ships as MXFP4): with an MXFP4 model the draft's experts
+        # must be MXFP4 too. Unsloth's Q8_0 draft experts are Q8_0 of those MXFP4 values, so the
+        # requantization recovers them exactly (see _experts_to_mxfp4).
+        yield from _stream(self.draft, stage_only, self, progress, dense_fp8, None, True, prefix="mtp.",
+                           fp4_experts=bool(self.mxfp4_expert_tensors()))
 
     def draft_config(self) -> dict[str, Any]:
         """Check the DSpark draft and return the config.json keys that bundle it (empty: no draft).
@@ -672,6 +677,7 @@ def _stream(
     expert_filter: Callable[[int, int], bool] | None,
     copy: bool,
     prefix: str | None,
+    fp4_experts: bool = False,
 ) -> Iterator[tuple[str, Any]]:
     from tqdm import tqdm
 
@@ -712,18 +718,52 @@ def _stream(
                     n = t.shape[1]
                     for e in range(e_count):
                         if expert_filter is None or expert_filter(m.layer or 0, e):
-                            if t.type.name == "Q8_0":  # e.g. the DSpark draft's experts: torch path
-                                out = torch.empty((n, t.shape[2]), dtype=torch.bfloat16)
-                                _bf16_rows_parallel(*_q8_0_rows(t, e * n, (e + 1) * n), out,
-                                                    max(1, _TILE_VALUES // t.shape[2]))
+                            base = target.replace("{E}", str(e))
+                            if fp4_experts:
+                                packed, scale = _experts_to_mxfp4(t, e * n, (e + 1) * n)
+                                yield base + ".weight", packed
+                                yield base + ".scale", scale
                             else:
-                                out = torch.from_numpy(_rows_dequant(t, e * n, (e + 1) * n)).to(torch.bfloat16)
-                            yield target.replace("{E}", str(e)) + ".weight", out
+                                yield base + ".weight", _expert_bf16(t, e * n, (e + 1) * n)
                         _release_rows(t, e * n, (e + 1) * n)
                     t.release()
             bar.update(t.nbytes)
     finally:
         bar.close()
+
+
+def _expert_bf16(t: GGUFTensor, r0: int, r1: int) -> Any:
+    """Rows [r0, r1) of a non-MXFP4 expert tensor (flattened [E*N, K]) dequantized to bf16."""
+    torch = _torch()
+    if t.type.name == "Q8_0":  # e.g. the DSpark draft's experts: torch path
+        out = torch.empty((r1 - r0, t.shape[2]), dtype=torch.bfloat16)
+        _bf16_rows_parallel(*_q8_0_rows(t, r0, r1), out, max(1, _TILE_VALUES // t.shape[2]))
+        return out
+    return torch.from_numpy(_rows_dequant(t, r0, r1)).to(torch.bfloat16)
+
+
+def _experts_to_mxfp4(t: GGUFTensor, r0: int, r1: int) -> tuple[Any, Any]:
+    """Rows [r0, r1) of a non-MXFP4 expert tensor as DeepSeek's MXFP4 (packed E2M1 pairs uint8 [N, K/2],
+    E8M0 [N, K/32]), for a draft whose model's experts are MXFP4 (SGLang loads only that then).
+
+    Quantized from the float32 values (winport.demo.quantize.quantize_mxfp4: per 32 values the scale
+    2^(floor(log2 amax') - 2), E2M1 rounded to nearest even). The served values are exactly the MXFP4
+    values for Q8_0 made from MXFP4 values, as Unsloth's draft experts are: Q8_0 shares MXFP4's
+    32-value blocks and brings back each value of a block with maximum M within d/2 (d = fp16(M/127),
+    so about M/254), below half the smallest E2M1 step of the scale found (>= M/32). The scale comes
+    from the maximum, which reads back as 127 * d, up to 2^-11 below M: for a power-of-two M (4 * 2^e
+    read back as 3.9998 * 2^e) that would halve the scale, so amax' = amax * (1 + 2^-6) puts it back;
+    no MXFP4 maximum (0.5, 1, 1.5, 2, 3, 4 or 6 times 2^e) lies within 2^-6 below the next power of
+    two, so the slack never picks a larger scale. Other values are rounded to MXFP4.
+    """
+    from winport.demo.quantize import quantize_mxfp4
+
+    torch = _torch()
+    if t.shape[2] % 32:
+        raise GGUFError(f"{t.path}: tensor {t.name!r}: rows of {t.shape[2]} values cannot be MXFP4 (32-value blocks)")
+    w = torch.from_numpy(_rows_dequant(t, r0, r1)).float()
+    packed, scale = quantize_mxfp4(w, name=t.name, amax_slack=2.0**-6)
+    return packed.view(torch.uint8), scale
 
 
 _MMPROJ_RE = re.compile(r"mmproj", re.IGNORECASE)
