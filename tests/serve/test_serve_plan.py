@@ -131,3 +131,29 @@ def test_cuda_decode_uses_cuda_graphs_unless_told_not_to(monkeypatch: pytest.Mon
     plan = command.build_plan(["--demo"])
     assert plan.device == "cuda"
     assert ("--disable-cuda-graph" in plan.argv) is eager
+
+
+def test_cuda_decode_is_eager_when_engram_rows_come_from_the_gguf_map(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A converted V4.1 GGUF whose engram tables stay in the file (engram_gguf.json): SGLang's processes
+    get the file's path, and on CUDA decode runs without graphs (the rows are gathered on the host)."""
+    import json
+
+    from winport.demo.config import demo_config
+    from winport.gguf.engram_rows import ENV, SIDECAR
+
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(demo_config()))
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: folder)
+    monkeypatch.delenv("WINPORT_CUDA_GRAPH", raising=False)
+    monkeypatch.setattr(command, "_cuda_available", lambda: True)
+    plan = command.build_plan(["--demo"])
+    assert ENV not in plan.env and "--disable-cuda-graph" not in plan.argv
+    (folder / SIDECAR).write_text('{"engram_tables": []}')
+    plan = command.build_plan(["--demo"])
+    assert plan.env[ENV] == str(folder / SIDECAR) and "--disable-cuda-graph" in plan.argv
+    assert "CUDA graphs are off for this model" in capsys.readouterr().out
+    monkeypatch.setattr(command, "_cuda_available", lambda: False)
+    plan = command.build_plan(["--demo"])
+    assert plan.env[ENV] == str(folder / SIDECAR) and plan.device == "cpu"

@@ -9,7 +9,8 @@ lookup path but the host-table and peer-shard ones, which such a layer never tak
 rows a batch asks for from the map and dequantizes them exactly as upstream does (e4m3 x E8M0 per
 32 values, to bf16, rows outside this rank's shard zero). Layers the file does not name, and every
 run without the variable, keep upstream's code. On CUDA the gathered rows are copied to the device
-per lookup: correct, but outside CUDA graphs, as ``winport serve`` runs today.
+per lookup: correct, but not capturable in a CUDA graph, so ``winport serve`` turns graphs off for
+such a model.
 """
 
 from __future__ import annotations

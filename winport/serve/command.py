@@ -164,7 +164,8 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     from winport.gguf.engram_rows import ENV as ENGRAM_ENV
     from winport.gguf.engram_rows import SIDECAR as ENGRAM_SIDECAR
 
-    if (Path(model_path) / ENGRAM_SIDECAR).is_file():
+    engram_mapped = (Path(model_path) / ENGRAM_SIDECAR).is_file()
+    if engram_mapped:
         # V4.1 engram tables left in the GGUF: SGLang's processes read them through a memory map
         # (winport.gguf.engram_rows, patch engram_rows_from_gguf).
         env[ENGRAM_ENV] = str(Path(model_path) / ENGRAM_SIDECAR)
@@ -197,6 +198,12 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         # scripts/bench/RESULTS.md). WINPORT_CUDA_GRAPH=0 runs decode eagerly instead (a debugging
         # aid: slower, same results).
         if os.environ.get("WINPORT_CUDA_GRAPH") == "0":
+            sg += ["--disable-cuda-graph"]
+        elif engram_mapped:
+            # The mapped engram rows are gathered on the host and copied to the GPU per lookup, which a
+            # CUDA graph cannot capture: decode runs eagerly (correct, slower) until a device gather exists.
+            print("winport serve: engram tables are read from the GGUF's memory map on the host: CUDA graphs "
+                  "are off for this model", flush=True)
             sg += ["--disable-cuda-graph"]
         if gpu_mxfp4_moe():
             # Without it SGLang's DeepSeek-V4 override picks flashinfer_mxfp4 for packed experts on
