@@ -286,7 +286,11 @@ def test_a_crashed_test_is_rerun_in_a_fresh_process(windows_python: wine_harness
         "    if m.is_dir() or not m.exists():  # a directory: crash every time\n"
         "        if not m.exists():\n            m.write_text('x')\n        faulthandler._read_null()\n"
         "def test_after():\n    pass\n")
+    # Its own rootdir and (empty) ini: with the repository's, pytest walks up from the file and stats
+    # whatever else lies in /tmp (in CI an unreadable entry there failed the collection).
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
     args = ["-m", "pytest", wine_harness.windows_path(tmp_path / "test_crash_once.py"), "-q", "-p", "no:cacheprovider",
+            "-c", wine_harness.windows_path(tmp_path / "pytest.ini"), "--rootdir", wine_harness.windows_path(tmp_path),
             "-p", "tests.windows.wine_progress_plugin"]
     start = time.monotonic()
     with pytest.warns(UserWarning, match=r"died in .*test_crash .*running again from that test"):
