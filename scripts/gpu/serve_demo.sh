@@ -4,8 +4,9 @@
 # network). The wheels travel in .whlserve/ (the repacked SGLang wheel from .cache/install/repacked
 # plus the dependencies the device image lacks: scripts/gpu/fetch_serve_wheels.sh fills it).
 # Usage (device, repo root): bash scripts/gpu/serve_demo.sh [pytest args...]
-#        bash scripts/gpu/serve_demo.sh --probe   (list the CUDA JIT kernels SGLang still asks for:
-#        scripts/gpu/jit_probe.py; start the demo server, send one request, print the list)
+#        bash scripts/gpu/serve_demo.sh --probe [serve args...]   (list the CUDA JIT kernels SGLang still
+#        asks for: scripts/gpu/jit_probe.py; start `winport serve --demo [serve args]`, send one request,
+#        print the list; e.g. --probe --demo-variant v41 --speculative-algorithm DSPARK)
 set -u
 SITE=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whlserve/*.whl \
@@ -23,11 +24,12 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if [ "${1:-}" = "--probe" ]; then
   export WINPORT_JIT_PROBE_FILE="$OUT/jit_probe.txt" WINPORT_EMULATE_WINDOWS=1 WINPORT_CACHE=/tmp/wpcache
-  python3 -m winport serve --demo --port 30123 > "$OUT/probe_server.log" 2>&1 &
+  shift
+  python3 -m winport serve --demo --port 30123 "$@" > "$OUT/probe_server.log" 2>&1 &
   SRV=$!
   for _ in $(seq 300); do grep -q "ready at" "$OUT/probe_server.log" && break; kill -0 $SRV 2>/dev/null || break; sleep 1; done
-  curl -s -m 60 http://127.0.0.1:30123/v1/chat/completions -H 'Content-Type: application/json' \
-    -d '{"model":"winport-demo-v4","messages":[{"role":"user","content":"hello"}],"max_tokens":8}'; echo
+  curl -s -m 60 http://127.0.0.1:30123/generate -H 'Content-Type: application/json' \
+    -d '{"text":"hello there","sampling_params":{"max_new_tokens":8,"temperature":0}}'; echo
   kill -INT $SRV; sleep 5
   tail -25 "$OUT/probe_server.log"; echo "== JIT modules asked for =="; cat "$OUT/jit_probe.txt"
   exit 0

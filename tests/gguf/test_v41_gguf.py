@@ -89,8 +89,8 @@ def test_file_uses_deepseek41_names_hparams_and_mxfp8(v41_gguf: Path) -> None:
             "blk.2.engram_wkv.weight", "blk.2.engram_q.weight", "blk.2.engram_k.weight"} <= set(types)
     assert "blk.3.attn_compressor_gate.weight" not in types and "blk.4.indexer.attn_k.weight" not in types
     assert not any(n.startswith("output_hc_") for n in types)
-    # 2094 rows x 64 values = 523.5 blocks of 256: packed into 524 GGUF rows, the last half padded.
-    assert types["blk.2.engram_embd.weight"] == "MXFP8" and shapes["blk.2.engram_embd.weight"] == (524, 256)
+    # 3198 rows x 64 values = 799.5 blocks of 256: packed into 800 GGUF rows, the last half padded.
+    assert types["blk.2.engram_embd.weight"] == "MXFP8" and shapes["blk.2.engram_embd.weight"] == (800, 256)
 
 
 def test_round_trip_is_bit_identical_and_the_config_is_v41(demo_dir: Path, converted: Path) -> None:
@@ -104,10 +104,10 @@ def test_round_trip_is_bit_identical_and_the_config_is_v41(demo_dir: Path, conve
     assert not differ, f"{len(differ)} tensors differ, e.g. {differ[:5]}"
     # The engram table stayed in the GGUF: every row read through the map is the demo's, bit for bit.
     source = read_sources(converted / SIDECAR)[2]
-    assert source.path.endswith("demo-v41-BF16.gguf") and (source.rows, source.dim, source.type) == (2094, 64, "MXFP8")
+    assert source.path.endswith("demo-v41-BF16.gguf") and (source.rows, source.dim, source.type) == (3198, 64, "MXFP8")
     table = EngramRows(source)
     w, s = table.gather(torch.arange(source.rows))
-    assert w.dtype == torch.float8_e4m3fn and s.shape == (2094, 2)
+    assert w.dtype == torch.float8_e4m3fn and s.shape == (3198, 2)
     assert _bits(w) == _bits(ref["layers.2.engram.embed.weight"]) and _bits(s) == _bits(ref["layers.2.engram.embed.scale"])
     table.close()
     want = json.loads((demo_dir / "config.json").read_text())

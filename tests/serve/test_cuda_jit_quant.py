@@ -38,6 +38,25 @@ def test_group_quant_adapter_matches_the_reference(tokens: int) -> None:
     assert not torch.isnan(deq).any()
 
 
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_v2_adapter_gives_power_of_two_scales(tokens: int) -> None:
+    """The UE8M0-in-fp32 route V4.1's [32, 32] linears take: each scale is the smallest power of two
+    at or above amax / 448, and the values are the group divided by it."""
+    torch.manual_seed(100 + tokens)
+    x = (torch.randn(tokens, 256) * 5).to(torch.bfloat16)
+    x_q = torch.full((tokens, 256), float("nan")).to(torch.float8_e4m3fn)
+    x_s = torch.full((tokens, 8), float("nan"))
+    cuda_jit_quant.per_token_group_quant_8bit_v2(x, x_q, x_s, 32, 1e-10, -448.0, 448.0, scale_ue8m0=True)
+    g = x.double().view(tokens, 8, 32)
+    want_s = torch.exp2(torch.ceil(torch.log2(g.abs().amax(-1).clamp_min(1e-10) / 448.0)))
+    torch.testing.assert_close(x_s.double(), want_s, rtol=0, atol=0)
+    want_q = (g / want_s[..., None]).clamp(-448, 448).float().to(torch.float8_e4m3fn)
+    assert torch.equal(x_q.view(torch.uint8), want_q.view(tokens, 256).view(torch.uint8))
+    with pytest.raises(NotImplementedError, match="masked rows"):
+        cuda_jit_quant.per_token_group_quant_8bit_v2(x, x_q, x_s, 32, 1e-10, -448.0, 448.0,
+                                                     masked_m=torch.ones(1, dtype=torch.int32))
+
+
 def test_per_token_adapter_gives_one_scale_per_row() -> None:
     torch.manual_seed(0)
     x = torch.randn(5, 256).to(torch.bfloat16)
@@ -70,11 +89,13 @@ def test_fp8_kernel_names_are_rebound_when_sglang_sees_cuda() -> None:
         "import sglang.kernels.ops.quantization.fp8_kernel as k\n"
         "print(k._is_cuda, k.per_token_group_quant.__module__)\n"
         "cuda_jit_quant.register_patch()\n"
+        "import sglang.kernels.ops.quantization.per_token_group_quant_8bit_v2 as v2\n"
         "print(k.per_token_group_quant is cuda_jit_quant.per_token_group_quant,"
-        " k.sgl_per_token_quant_fp8 is cuda_jit_quant.sgl_per_token_quant_fp8)\n"
+        " k.sgl_per_token_quant_fp8 is cuda_jit_quant.sgl_per_token_quant_fp8,"
+        " v2.per_token_group_quant_8bit_v2 is cuda_jit_quant.per_token_group_quant_8bit_v2)\n"
     )
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = proc.stdout.strip().splitlines()[-2:]
     assert first.startswith("True sglang.kernels.ops.quantization.per_token_group_quant"), first
-    assert second == "True True"
+    assert second == "True True True"

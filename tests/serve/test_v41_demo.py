@@ -179,7 +179,8 @@ def test_v41_weights_are_deterministic_and_the_stamp_names_the_variant(server: V
     stored = _stored()
     want = quantize_state_dict(a, V41_BLOCK)
     assert stored["layers.2.engram.wkv.weight"].dtype == torch.float8_e4m3fn
-    assert stored["layers.2.engram.wkv.scale"].shape == (5 * 256 // 32, 2 * 2 * 64 // 32)
+    n_cols = (CFG["engram_max_ngram_size"] - 1) * CFG["engram_n_heads"]  # one value per (n-gram size, head)
+    assert stored["layers.2.engram.wkv.scale"].shape == (5 * 256 // 32, n_cols * CFG["engram_head_dim"] // 32)
     assert all(torch.equal(stored[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want)
     # The DSpark stages (tests/serve/test_dspark_draft.py regenerates them in memory) likewise.
     draft = quantize_state_dict(dspark_tensors(CFG, seed=0), V41_BLOCK)

@@ -52,8 +52,9 @@ def test_which_tensor_is_stored_how(plain: dict[str, torch.Tensor], quant: dict[
     n_main = CFG["num_hidden_layers"] * CFG["n_routed_experts"] * 3
     n_draft = CFG["num_nextn_predict_layers"] * CFG["dspark_n_routed_experts"] * 3
     assert len(fp4) == n_main + n_draft
-    # [32, 32] grids: engram wkv [5 * 256, 2 * 2 * 64] -> [40, 8]; wq_b [8 * 512, 128] -> [128, 4]
-    assert quant["layers.2.engram.wkv.scale"].shape == (40, 8)
+    # [32, 32] grids: engram wkv [5 * 256, 3 * 2 * 64] (2- to 4-grams, 2 heads) -> [40, 12];
+    # wq_b [8 * 512, 128] -> [128, 4]
+    assert quant["layers.2.engram.wkv.scale"].shape == (40, 12)
     assert quant["layers.1.attn.wq_b.scale"].shape == (128, 4)
     assert quant["mtp.0.ffn.experts.3.w2.scale"].shape == (256, 128 // 32)
     for n in fp8 | fp4:

@@ -13,8 +13,9 @@ from winport.demo.weights import demo_state_dict
 
 STAMP = "winport-demo.json"
 # Bump when the generator changes what it writes (2: FP8 dense + MXFP4 experts; 3: V4.1 in FP8
-# [32, 32] + MXFP4 too, with DSpark stages; 4: one safetensors metadata key, byte-identical builds).
-FORMAT_VERSION = 4
+# [32, 32] + MXFP4 too, with DSpark stages; 4: one safetensors metadata key, byte-identical builds;
+# 5: V4.1 engram over 2- to 4-grams, which SGLang's CUDA hash kernel accepts).
+FORMAT_VERSION = 5
 
 
 def default_quantized(variant: str) -> bool:

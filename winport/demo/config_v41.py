@@ -38,7 +38,9 @@ COMPRESS_RATIOS = [0, 2, 2, 1, 1, 0]
 KV_SOURCE_LAYER_IDS = [1, 3]
 INDEX_SOURCE_LAYER_IDS = [1, 3, 4]
 ENGRAM_LAYER_IDS = [2]
-ENGRAM_MAX_NGRAM = 3  # 2- and 3-grams
+# 2-, 3- and 4-grams, two heads: SGLang's CUDA hash kernel (kernels/ops/embeddings/engram_hash.py
+# _launch_hash_kernel) asserts that n-gram size and head count are powers of two.
+ENGRAM_MAX_NGRAM = 4
 ENGRAM_HEADS = 2
 ENGRAM_HEAD_DIM = 64  # two FP8 blocks of 32 (one E8M0 scale each)
 ENGRAM_VOCAB = 509  # hash buckets per (n-gram size, head) start at the first prime >= this
