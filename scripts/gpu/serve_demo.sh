@@ -7,6 +7,7 @@
 #        bash scripts/gpu/serve_demo.sh --probe [serve args...]   (list the CUDA JIT kernels SGLang still
 #        asks for: scripts/gpu/jit_probe.py; start `winport serve --demo [serve args]`, send one request,
 #        print the list; e.g. --probe --demo-variant v41 --speculative-algorithm DSPARK)
+#        bash scripts/gpu/serve_demo.sh --script FILE [args...]   (run a Python script in the same setup)
 set -u
 SITE=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whlserve/*.whl \
@@ -33,5 +34,9 @@ if [ "${1:-}" = "--probe" ]; then
   kill -INT $SRV; sleep 5
   tail -25 "$OUT/probe_server.log"; echo "== JIT modules asked for =="; cat "$OUT/jit_probe.txt"
   exit 0
+fi
+if [ "${1:-}" = "--script" ]; then
+  shift
+  exec python3 "$@"
 fi
 python3 -m pytest -p no:cacheprovider -x -q "${@:-tests/serve/test_server_live.py}" 2>&1 | tee "$OUT/serve_demo.log"

@@ -1,0 +1,37 @@
+"""Debug aid: does the V4.1 demo server's decode agree with its own prefill?
+
+Starts `winport serve --demo --demo-variant v41` (CPU or CUDA, eager or with graphs as the
+environment says: WINPORT_CUDA_GRAPH), takes 32 greedy tokens for a few prompts, then teacher-forces
+each continuation through the same server's prefill and prints, per prompt, the per-step deficit
+(best log-probability minus the taken token's; 0 where decode's token is prefill's argmax).
+Usage: python scripts/debug/v41_decode_vs_prefill.py [serve args...]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+sys.path.insert(0, ".")
+from tests.serve._server import start, stop, wait_ready  # noqa: E402
+from tests.serve.test_dspark_live import PROMPTS, _deficits, _greedy  # noqa: E402
+
+
+def main() -> None:
+    """Start the server, print decode-vs-prefill deficits for each prompt, stop it."""
+    t0 = time.time()
+    srv = start(["--demo", "--demo-variant", "v41", "--max-running-requests", "2", *sys.argv[1:]])
+    try:
+        wait_ready(srv)
+        print(f"ready after {time.time() - t0:.0f} s", flush=True)
+        for ids in PROMPTS:
+            tokens = _greedy(srv, ids)["output_ids"]
+            d = _deficits(srv, ids, tokens)
+            print(f"prompt {len(ids)}: exact {sum(x == 0 for x in d)}/{len(d)} worst {max(d):.3f} "
+                  f"deficits {[round(x, 3) for x in d]}", flush=True)
+    finally:
+        stop(srv)
+
+
+if __name__ == "__main__":
+    main()
