@@ -415,9 +415,9 @@ def _engram_tables(loaded: Any, config: dict[str, Any]) -> list[tuple[str, int, 
     for target, table in sorted(tables.items()):
         layer = int(target.split(".")[1])
         if layer not in rows_by_layer:
-            raise GGUFError(f"{path}: tensor {table.tensor.name!r}: layer {layer} is not in engram_layer_ids "
+            raise GGUFError(f"{path}: tensor {table.name!r}: layer {layer} is not in engram_layer_ids "
                             f"{layer_ids}")
-        out.append((target, layer, table.tensor, int(rows_by_layer[layer]), dim))
+        out.append((target, layer, table, int(rows_by_layer[layer]), dim))
     return out
 
 
