@@ -22,8 +22,9 @@ from winport.gguf.engram_rows import (
 )
 from winport.gguf.reader import GGUFError
 
-FORMATS = [("MXFP8", 64), ("MXFP8", 256), ("MXFP8", 512), ("F8_E4M3_B128", 128), ("F8_E4M3_B128", 256),
-           ("F8_E4M3_B128", 64)]
+# 96-value rows straddle two blocks for some rows (check_table allows any whole 32-value groups).
+FORMATS = [("MXFP8", 64), ("MXFP8", 96), ("MXFP8", 256), ("MXFP8", 512), ("F8_E4M3_B128", 128),
+           ("F8_E4M3_B128", 256), ("F8_E4M3_B128", 64), ("F8_E4M3_B128", 96)]
 
 
 def _table(rng: np.random.Generator, type_name: str, rows: int, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -199,26 +199,38 @@ def test_alias_names_of_other_forks() -> None:
 
 
 def test_engram_table_is_row_accessed(tmp_path: Path, rng: np.random.Generator) -> None:
+    from winport.gguf.engram_rows import EngramRows, EngramSource
+    from winport.gguf.to_checkpoint import EngramStream
+
     rows = 1000
     raw = random_blocks(rng, "MXFP8", rows)  # one 256-value row = one MXFP8 block (264 B)
     p = write_raw_gguf(tmp_path / "eng.gguf", {"general.architecture": "deepseek41"},
                        [("blk.1.engram_embd.weight", "MXFP8", (rows, 256), raw.tobytes())])
     with open_gguf(p) as m:
-        from winport.gguf.convert import EngramTable
-
-        tab = EngramTable("layers.1.engram.embed", m["blk.1.engram_embd.weight"])
-        assert tab.num_rows == rows and tab.dim == 256
+        t = m["blk.1.engram_embd.weight"]
+        assert t.shape[0] == rows and t.ggml_dims[0] == 256
+        # Served rows: gathered through the memory map (what engram_sources records for the table).
+        tab = EngramRows(EngramSource(layer=1, target="layers.1.engram.embed", path=str(p), tensor=t.name,
+                                      offset=t.offset, nbytes=t.nbytes, type=t.type.name, rows=rows, dim=256,
+                                      file_size=p.stat().st_size))
         idx = rng.integers(0, rows, 17)
-        w, s = tab.fp8_rows(idx)
-        np.testing.assert_array_equal(w, raw[idx, 8:])
-        np.testing.assert_array_equal(s, raw[idx, :8])
-        vals = tab.rows(idx)
+        w, s = tab.gather(torch.from_numpy(idx))
+        np.testing.assert_array_equal(w.view(torch.uint8).numpy(), raw[idx, 8:])
+        np.testing.assert_array_equal(s.view(torch.uint8).numpy(), raw[idx, :8])
+        vals = (w.double() * s.double().repeat_interleave(32, dim=1)).numpy()
         ref = torch.from_numpy(raw[idx, 8:].copy()).view(torch.float8_e4m3fn).double().numpy()
         ref = ref * np.repeat(2.0 ** (raw[idx, :8].astype(np.float64) - 127), 32, axis=1)
-        np.testing.assert_array_equal(vals.astype(np.float64), ref)
-        chunks = list(tab.iter_chunks(300))
-        assert [c[0] for c in chunks] == [0, 300, 600, 900]
-        assert chunks[1][1].dtype == torch.float8_e4m3fn and tuple(chunks[3][2].shape) == (100, 8)
+        np.testing.assert_array_equal(vals, ref)
+        tab.close()
+        # Copied rows (engram="copy"): chunks of 300 rows' blocks cover every row once, in order.
+        stream = EngramStream("layers.1.engram.embed", t, rows, 256, chunk_bytes=300 * 264)
+        assert [part[1:] for part in stream.parts] == [("F8_E4M3", [rows, 256], rows * 256),
+                                                       ("F8_E8M0", [rows, 8], rows * 8)]
+        chunks = list(stream.chunks())
+        assert [c[0] for c in chunks] == [0, 300 * 256, 600 * 256, 900 * 256]
+        assert chunks[3][1].shape == (100 * 256,) and chunks[3][2].shape == (100 * 8,)
+        np.testing.assert_array_equal(np.concatenate([c[1] for c in chunks]), raw[:, 8:].reshape(-1))
+        np.testing.assert_array_equal(np.concatenate([c[2] for c in chunks]), raw[:, :8].reshape(-1))
 
 
 def test_tokenizer_from_metadata(tmp_path: Path, rng: np.random.Generator) -> None:

@@ -13,7 +13,8 @@ Layouts produced (names are DeepSeek checkpoint names; SGLang's load_weights rem
   winport.gguf.mxfp4_repack.gguf_mxfp4_to_kt: the GPU MXFP4 MoE kernel takes the same arrays,
   stacked to [E, N, K/2] and [E, N, K/32].
 - ``float`` role: F32/F16/BF16 as stored; quantized types dequantized to bfloat16.
-- ``engram`` role: never loaded; :class:`EngramTable` reads rows through the memory map.
+- ``engram`` role: never loaded; rows are read through the memory map (winport.gguf.engram_rows)
+  or streamed into the checkpoint (winport.gguf.to_checkpoint.EngramStream).
 
 Every converter reads the source in row chunks straight from the memory map, writes into one
 preallocated output, and drops the source pages afterwards, so a tensor is never held twice.
@@ -328,69 +329,6 @@ def iter_mxfp4_experts(
     t.release()
 
 
-@dataclass
-class EngramTable:
-    """Memory-mapped engram hash table: rows are read on demand, the table is never loaded whole.
-
-    For MXFP8 (and F8_E4M3_B128) rows the FP8 values and E8M0 scales are split without any
-    arithmetic, giving SGLang's EngramEmbedding layout: weight float8_e4m3fn [rows, dim], scale
-    E8M0 [rows, dim/32].
-    """
-
-    name: str
-    tensor: GGUFTensor
-
-    @property
-    def num_rows(self) -> int:
-        """Number of rows (hash buckets)."""
-        return self.tensor.shape[0] if self.tensor.shape else 0
-
-    @property
-    def dim(self) -> int:
-        """Values per row."""
-        return self.tensor.ggml_dims[0]
-
-    def raw_rows(self, idx: Any) -> np.ndarray:
-        """Stored bytes of the selected rows (slice or index array): uint8 [n, row_bytes]."""
-        return self.tensor.raw_rows()[idx]
-
-    def rows(self, idx: Any) -> np.ndarray:
-        """Selected rows dequantized to float32 [n, dim]."""
-        raw = np.ascontiguousarray(self.raw_rows(idx))
-        n = raw.shape[0] if raw.ndim == 2 else 1
-        return dequantize(raw, self.tensor.type.id, (n, self.dim), name=self.name, path=self.tensor.path)
-
-    def fp8_rows(self, idx: Any) -> tuple[np.ndarray, np.ndarray]:
-        """(e4m3 bytes uint8 [n, dim], E8M0 bytes uint8 [n, dim/32]) of the selected rows."""
-        raw = np.atleast_2d(self.raw_rows(idx))
-        tname = self.tensor.type.name
-        n = raw.shape[0]
-        if tname == "MXFP8":
-            b = raw.reshape(n, -1, 264)
-            return (
-                np.ascontiguousarray(b[:, :, 8:]).reshape(n, self.dim),
-                np.ascontiguousarray(b[:, :, :8]).reshape(n, self.dim // 32),
-            )
-        if tname == "F8_E4M3_B128":
-            # One exponent per 128 values: repeat it for each 32-value group.
-            b = raw.reshape(n, -1, 129)
-            return (
-                np.ascontiguousarray(b[:, :, 1:]).reshape(n, self.dim),
-                np.repeat(b[:, :, 0], 4, axis=1),
-            )
-        raise GGUFError(f"{self.tensor.path}: tensor {self.name!r}: {tname} rows are not FP8 + E8M0")
-
-    def iter_chunks(self, rows_per_chunk: int = 1 << 20) -> Iterator[tuple[int, Any, Any]]:
-        """(first row, weight float8_e4m3fn, scale E8M0) chunks for a row-sharded weight loader."""
-        torch = _torch()
-        for r0 in range(0, self.num_rows, rows_per_chunk):
-            r1 = min(self.num_rows, r0 + rows_per_chunk)
-            w, s = self.fp8_rows(slice(r0, r1))
-            yield r0, torch.from_numpy(w).view(torch.float8_e4m3fn), e8m0_tensor(s)
-            row_bytes = self.tensor.type.row_bytes(self.dim)
-            self.tensor._file._release(self.tensor.offset + r0 * row_bytes, (r1 - r0) * row_bytes)
-
-
 _SKIP_SUFFIX = re.compile(r"\.weight$")
 
 # config.json keys of a bundled DSpark draft that SGLang 0.5.23 reads (dspark_config.py,
@@ -509,13 +447,11 @@ class LoadedGGUF:
         """GGUF names of the main model's routed-expert tensors stored as MXFP4 (UD-Q4_K_XL's experts)."""
         return [g for g, m in self.plan.mapped.items() if m.role == "experts" and self.model[g].type.name == "MXFP4"]
 
-    def engram_tables(self) -> dict[str, EngramTable]:
-        """Engram hash tables by target name (``layers.N.engram.embed``), memory-mapped."""
-        return {
-            m.target: EngramTable(m.target, self.model[g])
-            for g, m in self.plan.mapped.items()
-            if m.role == "engram"
-        }
+    def engram_tables(self) -> dict[str, GGUFTensor]:
+        """Engram hash tables by target name (``layers.N.engram.embed``), never loaded here: served
+        rows are read through the memory map (winport.gguf.engram_rows), ``engram="copy"`` streams
+        them (winport.gguf.to_checkpoint.EngramStream)."""
+        return {m.target: self.model[g] for g, m in self.plan.mapped.items() if m.role == "engram"}
 
     def total_bytes(self) -> int:
         """Stored bytes of everything :meth:`weights` reads."""

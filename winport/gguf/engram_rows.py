@@ -17,14 +17,17 @@ layout for the gathered rows: e4m3 values [..., dim] and one E8M0 scale per 32 v
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from winport.gguf.reader import GGUFError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SIDECAR = "engram_gguf.json"
 ENV = "WINPORT_ENGRAM_GGUF"  # path of a converted checkpoint's engram_gguf.json, for SGLang's processes
@@ -46,6 +49,20 @@ class BlockFormat:
 
 
 BLOCKS = {"MXFP8": BlockFormat(264, 8, 256), "F8_E4M3_B128": BlockFormat(129, 1, 128)}
+
+
+def split_blocks(blocks: np.ndarray, fmt: BlockFormat) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 bytes uint8 [n * values], E8M0 bytes uint8 [n * values / 32]) of whole blocks, uint8
+    [n, block_bytes], both flat in stream order: the one place the block layout is read, shared by
+    :meth:`EngramRows.gather` and the ``engram="copy"`` route (winport.gguf.to_checkpoint.EngramStream)."""
+    import numpy as np
+
+    values = np.ascontiguousarray(blocks[:, fmt.scale_bytes :]).reshape(-1)
+    scales = blocks[:, : fmt.scale_bytes]
+    copies = fmt.values_per_scale // SCALE_GROUP
+    if copies > 1:  # SGLang keeps one scale per 32 values, F8_E4M3_B128 stores one per 128
+        scales = np.repeat(scales, copies, axis=1)
+    return values, np.ascontiguousarray(scales).reshape(-1)
 
 
 def check_table(path: str, tensor: str, type_name: str, nbytes: int, rows: int, dim: int) -> BlockFormat:
@@ -106,7 +123,6 @@ class EngramRows:
 
     def __init__(self, source: EngramSource) -> None:
         import numpy as np
-        import torch
 
         self.source = source
         self.fmt = check_table(source.path, source.tensor, source.type, source.nbytes, source.rows, source.dim)
@@ -124,32 +140,42 @@ class EngramRows:
         with open(source.path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), source.offset + source.nbytes - start, access=mmap.ACCESS_READ,
                                   offset=start)
-        flat = np.frombuffer(self._map, dtype=np.uint8, count=source.nbytes, offset=source.offset - start)
-        with warnings.catch_warnings():
-            # Read-only on purpose: the table is only ever gathered from, never written.
-            warnings.simplefilter("ignore", UserWarning)
-            self.bytes = torch.from_numpy(flat)
+        f = self.fmt
+        self._blocks = np.frombuffer(self._map, dtype=np.uint8, count=source.nbytes,
+                                     offset=source.offset - start).reshape(-1, f.block_bytes)
+        # Blocks one row can touch: a row starts at a multiple of gcd(dim, values) inside its first
+        # block, so a row narrower than a block may still straddle two.
+        self._span = (f.values - math.gcd(source.dim, f.values) + source.dim - 1) // f.values + 1
 
     def gather(self, rows: Any) -> tuple[Any, Any]:
         """(e4m3 values float8_e4m3fn [*rows.shape, dim], E8M0 scales [*rows.shape, dim/32]) of the
-        table rows ``rows`` (an integer tensor, every entry in [0, rows)); reads only those rows."""
+        table rows ``rows`` (an integer tensor, every entry in [0, rows)); reads only those rows' blocks."""
+        import numpy as np
         import torch
 
         s, f = self.source, self.fmt
-        idx = rows.reshape(-1).to(device="cpu", dtype=torch.int64)
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= s.rows):
+        idx = rows.reshape(-1).to(device="cpu", dtype=torch.int64).numpy()
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= s.rows):
             raise IndexError(f"engram layer {s.layer}: row ids outside [0, {s.rows})")
-        v = idx[:, None] * s.dim + torch.arange(s.dim, dtype=torch.int64)
-        values = self.bytes[(v // f.values) * f.block_bytes + f.scale_bytes + v % f.values]
-        g = idx[:, None] * s.dim + torch.arange(0, s.dim, SCALE_GROUP, dtype=torch.int64)
-        scales = self.bytes[(g // f.values) * f.block_bytes + (g % f.values) // f.values_per_scale]
+        first, start = np.divmod(idx * s.dim, f.values)  # each row's first block, and its first value there
+        ids = first[:, None] + np.arange(self._span)
+        # The last rows' spans may run past the stream's end: no row's values lie in those clamped blocks.
+        np.minimum(ids, len(self._blocks) - 1, out=ids)
+        values, scales = split_blocks(self._blocks[ids.reshape(-1)], f)
+        values = values.reshape(idx.size, self._span * f.values)
+        scales = scales.reshape(idx.size, self._span * f.values // SCALE_GROUP)
+        if values.shape[1] != s.dim:  # rows packed into a block or straddling blocks: cut each one out
+            cols = start[:, None] + np.arange(s.dim)
+            values = np.take_along_axis(values, cols, axis=1)
+            scales = np.take_along_axis(scales, cols[:, ::SCALE_GROUP] // SCALE_GROUP, axis=1)
         shape = tuple(rows.shape)
         e8m0 = getattr(torch, "float8_e8m0fnu", None)
-        scales = scales.view(e8m0) if e8m0 is not None else scales
-        return (values.view(torch.float8_e4m3fn).reshape(*shape, s.dim),
-                scales.reshape(*shape, s.dim // SCALE_GROUP))
+        w, sc = torch.from_numpy(values), torch.from_numpy(scales)
+        sc = sc.view(e8m0) if e8m0 is not None else sc
+        return (w.view(torch.float8_e4m3fn).reshape(*shape, s.dim),
+                sc.reshape(*shape, s.dim // SCALE_GROUP))
 
     def close(self) -> None:
         """Drop the memory map (tensors gathered before stay valid: they are copies)."""
-        del self.bytes
+        del self._blocks
         self._map.close()

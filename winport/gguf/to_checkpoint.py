@@ -352,22 +352,21 @@ class EngramStream(StreamedGroup):
     The GGUF table is one stream of blocks (MXFP8: 8 E8M0 scales then 256 e4m3 values;
     F8_E4M3_B128: one exponent then 128 values, repeated for each 32-value group) whatever its GGUF
     row width (winport.gguf.export.engram_gguf_shape packs rows narrower than a block), so values
-    and scales are cut from that stream, ``chunk_bytes`` of blocks at a time, through the memory
-    map; each chunk's source pages are dropped once written. Extra memory: one chunk's values and
-    scales, never the table.
+    and scales are cut from that stream (winport.gguf.engram_rows.split_blocks, as the served rows
+    are), ``chunk_bytes`` of blocks at a time, through the memory map; each chunk's source pages
+    are dropped once written. Extra memory: one chunk's values and scales, never the table.
     """
 
     def __init__(self, target: str, tensor: Any, rows: int, dim: int, chunk_bytes: int) -> None:
         import torch
 
-        from .engram_rows import SCALE_GROUP, check_table
+        from .engram_rows import check_table
 
         f = check_table(str(tensor.path), tensor.name, tensor.type.name, tensor.nbytes, rows, dim)
         self.n_blocks = tensor.nbytes // f.block_bytes
         total = rows * dim
         self.tensor = tensor
-        # (block bytes, scale bytes, values per block, copies of each stored scale in SGLang's layout)
-        self.fmt = (f.block_bytes, f.scale_bytes, f.values, f.values_per_scale // SCALE_GROUP)
+        self.fmt = f
         self.total = total
         self.blocks_per_chunk = max(1, chunk_bytes // f.block_bytes)
         scale_dtype = "F8_E8M0" if hasattr(torch, "float8_e8m0fnu") else "U8"
@@ -376,21 +375,17 @@ class EngramStream(StreamedGroup):
 
     def chunks(self) -> Iterator[tuple[int, Any, Any]]:
         """(first value index, e4m3 bytes, E8M0 bytes per 32 values) per chunk of source blocks."""
-        import numpy as np
+        from .engram_rows import SCALE_GROUP, split_blocks
 
-        block_bytes, n_scale, n_vals, rep = self.fmt
-        t = self.tensor
-        raw = t.raw().reshape(-1)
+        f, t = self.fmt, self.tensor
+        blocks = t.raw().reshape(self.n_blocks, f.block_bytes)
         for b0 in range(0, self.n_blocks, self.blocks_per_chunk):
             b1 = min(self.n_blocks, b0 + self.blocks_per_chunk)
-            blocks = raw[b0 * block_bytes : b1 * block_bytes].reshape(b1 - b0, block_bytes)
-            v0 = b0 * n_vals
-            nv = min(self.total, b1 * n_vals) - v0  # the last block of a packed table is padding
-            w = np.ascontiguousarray(blocks[:, n_scale:]).reshape(-1)[:nv]
-            sc = blocks[:, :n_scale]
-            sc = np.ascontiguousarray(sc if rep == 1 else np.repeat(sc, rep, axis=1)).reshape(-1)[: nv // 32]
-            yield v0, w, sc
-            t._file._release(t.offset + b0 * block_bytes, (b1 - b0) * block_bytes)
+            w, sc = split_blocks(blocks[b0:b1], f)
+            v0 = b0 * f.values
+            nv = min(self.total, b1 * f.values) - v0  # the last block of a packed table is padding
+            yield v0, w[:nv], sc[: nv // SCALE_GROUP]
+            t._file._release(t.offset + b0 * f.block_bytes, (b1 - b0) * f.block_bytes)
 
     def write(self, fh: BinaryIO, positions: list[int]) -> None:
         """Write the values at ``positions[0]`` and the scales at ``positions[1]``, one pass over the table."""
@@ -420,9 +415,9 @@ def _engram_tables(loaded: Any, config: dict[str, Any]) -> list[tuple[str, int, 
     for target, table in sorted(tables.items()):
         layer = int(target.split(".")[1])
         if layer not in rows_by_layer:
-            raise GGUFError(f"{path}: tensor {table.tensor.name!r}: layer {layer} is not in engram_layer_ids "
+            raise GGUFError(f"{path}: tensor {table.name!r}: layer {layer} is not in engram_layer_ids "
                             f"{layer_ids}")
-        out.append((target, layer, table.tensor, int(rows_by_layer[layer]), dim))
+        out.append((target, layer, table, int(rows_by_layer[layer]), dim))
     return out
 
 
