@@ -4,11 +4,14 @@ Starts `winport serve --demo --demo-variant v41` (CPU or CUDA, eager or with gra
 environment says: WINPORT_CUDA_GRAPH), takes 32 greedy tokens for a few prompts, then teacher-forces
 each continuation through the same server's prefill and prints, per prompt, the per-step deficit
 (best log-probability minus the taken token's; 0 where decode's token is prefill's argmax).
-Usage: python scripts/debug/v41_decode_vs_prefill.py [serve args...]
+On CPU, `TRITON_INTERPRET=1 WINPORT_TRITON_ON_CPU=1` makes winport's shims run their Triton kernels
+(interpreted) instead of the torch references, as they do on CUDA.
+Usage: python scripts/debug/v41_decode_vs_prefill.py [serve args...]   (--demo-variant v4 for the V4 demo)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -20,7 +23,9 @@ from tests.serve.test_dspark_live import PROMPTS, _deficits, _greedy  # noqa: E4
 def main() -> None:
     """Start the server, print decode-vs-prefill deficits for each prompt, stop it."""
     t0 = time.time()
-    srv = start(["--demo", "--demo-variant", "v41", "--max-running-requests", "2", *sys.argv[1:]])
+    passed = {k: os.environ[k] for k in ("WINPORT_TRITON_ON_CPU",) if k in os.environ}
+    args = sys.argv[1:] if "--demo-variant" in sys.argv else ["--demo-variant", "v41", *sys.argv[1:]]
+    srv = start(["--demo", "--max-running-requests", "2", *args], env=passed)
     try:
         wait_ready(srv)
         print(f"ready after {time.time() - t0:.0f} s", flush=True)
