@@ -10,6 +10,22 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 VENV_PYTHON = Path(sys.executable)
 
+# Prepended to code for run_python: torch (and so SGLang's import-time checks) believe there is one
+# H200 (SM90), so SGLang takes its CUDA import branches on a machine without a GPU.
+FAKE_SM90_CUDA = """
+import torch, types
+torch.cuda.is_available = lambda: True
+# SGLang's is_cuda() also wants a CUDA build of torch; the Wine tier's Windows torch is CPU-only.
+if torch.version.cuda is None:
+    torch.version.cuda = "13.0"
+torch.cuda.device_count = lambda: 1
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
+torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
+    total_memory=140 * 2**30, multi_processor_count=132, major=9, minor=0, name="NVIDIA H200",
+    L2_cache_size=60 * 2**20)
+"""
+
 
 def run_python(code: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -15,23 +15,9 @@ import json
 
 import pytest
 
-from tests.helpers import REPO_ROOT, run_python
+from tests.helpers import FAKE_SM90_CUDA, REPO_ROOT, run_python
 
 LIBRARIES = ("flash_mla", "deep_gemm", "tilelang", "sgl_kernel", "flashinfer", "flash_attn_interface")
-
-_FAKE_CUDA = """
-import torch, types
-torch.cuda.is_available = lambda: True
-# SGLang's is_cuda() also wants a CUDA build of torch; the Wine tier's Windows torch is CPU-only.
-if torch.version.cuda is None:
-    torch.version.cuda = "13.0"
-torch.cuda.device_count = lambda: 1
-torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
-torch.cuda.get_device_name = lambda *a, **k: "NVIDIA H200"
-torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
-    total_memory=140 * 2**30, multi_processor_count=132, major=9, minor=0, name="NVIDIA H200",
-    L2_cache_size=60 * 2**20)
-"""
 
 _PROBE = """
 import importlib, json, sys
@@ -66,7 +52,7 @@ print("RESULT " + json.dumps({"modules": mods, "jit": jit_calls}))
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_dsv4_path_uses_only_winport_shims(device: str) -> None:
-    code = (_FAKE_CUDA if device == "cuda" else "") + _PROBE % (LIBRARIES,)
+    code = (FAKE_SM90_CUDA if device == "cuda" else "") + _PROBE % (LIBRARIES,)
     env = {"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_PLATFORM": "on", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
            "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
     proc = run_python(code, env=env, timeout=600)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import run_python
+from tests.helpers import FAKE_SM90_CUDA, run_python
 from winport.patches import cuda_jit_quant
 
 
@@ -75,15 +75,7 @@ def test_unsupported_variants_fail_by_name() -> None:
 
 
 def test_fp8_kernel_names_are_rebound_when_sglang_sees_cuda() -> None:
-    code = (
-        "import torch, types\n"
-        "torch.cuda.is_available = lambda: True\n"
-        "torch.cuda.device_count = lambda: 1\n"
-        "torch.cuda.get_device_capability = lambda *a, **k: (9, 0)\n"
-        "torch.cuda.get_device_name = lambda *a, **k: 'NVIDIA H200'\n"
-        "torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(\n"
-        "    total_memory=140 * 2**30, multi_processor_count=132, major=9, minor=0, name='NVIDIA H200',\n"
-        "    L2_cache_size=60 * 2**20)\n"
+    code = FAKE_SM90_CUDA + (
         "import sglang.srt.utils.common as c\n"
         "from winport.patches import cuda_jit_quant\n"
         "import sglang.kernels.ops.quantization.fp8_kernel as k\n"

@@ -9,22 +9,11 @@ applying twice changes nothing. The plain paths themselves are what the CPU serv
 
 from __future__ import annotations
 
-from tests.helpers import run_python
-
-FAKE_SM90 = (
-    "import torch, types\n"
-    "torch.cuda.is_available = lambda: True\n"
-    "torch.cuda.device_count = lambda: 1\n"
-    "torch.cuda.get_device_capability = lambda *a, **k: (9, 0)\n"
-    "torch.cuda.get_device_name = lambda *a, **k: 'NVIDIA H200'\n"
-    "torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(\n"
-    "    total_memory=140 * 2**30, multi_processor_count=132, major=9, minor=0, name='NVIDIA H200',\n"
-    "    L2_cache_size=60 * 2**20)\n"
-)
+from tests.helpers import FAKE_SM90_CUDA, run_python
 
 
 def test_the_three_jit_choices_fall_to_the_plain_paths() -> None:
-    code = FAKE_SM90 + (
+    code = FAKE_SM90_CUDA + (
         "import sglang.srt.layers.attention.dsv4.v41_indexer.full_topk as ft\n"
         "import sglang.srt.layers.attention.dsv4.v41_indexer.scoring as sc\n"
         "import sglang.kernels.ops.gemm.small_gemm_bf16 as sg\n"
