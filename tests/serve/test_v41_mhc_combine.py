@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,17 +27,25 @@ def test_combine_vs_float64(dtype: torch.dtype) -> None:
     assert not torch.equal(patch.combine_torch(x, pre.flip(-1), hc, dtype), y)
 
 
-def test_combine_accumulates_like_sglang_triton() -> None:
+def test_combine_accumulates_like_sglang_triton(tmp_path: Path) -> None:
     # The fp32 accumulation is bit-identical to the upstream kernel (run in Triton's interpreter).
     # Only fp32 output is compared: the interpreter's fp32 -> bf16 store truncates, while the GPU
-    # kernel (and torch) round to nearest even.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-    from sglang.kernels.ops.layernorm.mhc import mhc_combine
-
-    upstream = getattr(mhc_combine, "__wrapped__", mhc_combine)
+    # kernel (and torch) round to nearest even. The kernel runs in a fresh interpreter: TRITON_INTERPRET
+    # only takes effect before Triton picks its driver, which an earlier test in this process may have done.
+    torch.manual_seed(7)
     x = torch.randn(5, 4 * 256).to(torch.bfloat16)
     pre = torch.rand(5, 4)
-    assert torch.equal(patch.combine_torch(x, pre, 4, torch.float32), upstream(x, pre, 4, torch.float32))
+    torch.save({"x": x, "pre": pre}, tmp_path / "in.pt")
+    proc = run_python(
+        "import torch\n"
+        "from sglang.kernels.ops.layernorm.mhc import mhc_combine\n"
+        "upstream = getattr(mhc_combine, '__wrapped__', mhc_combine)\n"
+        f"d = torch.load({str(tmp_path / 'in.pt')!r})\n"
+        f"torch.save(upstream(d['x'], d['pre'], 4, torch.float32), {str(tmp_path / 'out.pt')!r})\n",
+        env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    upstream_out = torch.load(tmp_path / "out.pt")
+    assert torch.equal(patch.combine_torch(x, pre, 4, torch.float32), upstream_out)
 
 
 def test_bad_shapes_are_named() -> None:
