@@ -2,7 +2,9 @@
 
 The server runs exactly as a user runs it (`python -m winport serve ...`) under
 WINPORT_EMULATE_WINDOWS=1, with the test cache, and without the caller's other WINPORT_/SGLANG_
-settings (WINPORT_CUDA_GRAPH passes through, for the GPU runs of scripts/gpu/final_check.sh).
+settings (WINPORT_CUDA_GRAPH and WINPORT_GPU_MXFP4_MOE pass through, for the GPU runs of
+scripts/gpu/final_check.sh; before 2026-11-30 the second did not, so that script's "MXFP4 MoE"
+part ran the default FP8 path).
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The caller's settings that choose what a GPU run exercises.
+PASSED_THROUGH = ("WINPORT_CUDA_GRAPH", "WINPORT_GPU_MXFP4_MOE")
+
+
 def start(args: list[str], env: dict[str, str] | None = None) -> Server:
     """Start `winport serve --port <free> *args`; `env` adds to the environment described above."""
     port = free_port()
     full = {k: v for k, v in os.environ.items()
-            if not k.startswith(("WINPORT_", "SGLANG_")) or k == "WINPORT_CUDA_GRAPH"}
+            if not k.startswith(("WINPORT_", "SGLANG_")) or k in PASSED_THROUGH}
     full.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(CACHE), "PYTHONUNBUFFERED": "1"})
     full.update(env or {})
     argv = ["serve", "--port", str(port), *args]
