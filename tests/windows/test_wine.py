@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -348,7 +349,13 @@ def test_engram_rows_from_the_gguf_map_on_windows(windows_python: wine_harness.P
     proc = _run_watched(["-m", "pytest", "tests/gguf/test_engram_rows.py", "-q", "-p", "no:cacheprovider"],
                         what="pytest tests/gguf/test_engram_rows.py under Windows CPython", timeout=600, stall=400)
     out = _check(proc, "pytest tests/gguf/test_engram_rows.py under Windows CPython")
-    assert re.search(r"\b10 passed\b", out) and "skipped" not in out, out[-2000:]
+    # Every test the module has on Linux must have run and passed under Windows.
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                             "tests/gguf/test_engram_rows.py"], capture_output=True, text=True, cwd=REPO_ROOT,
+                            timeout=300)
+    n = sum("::" in line for line in listed.stdout.splitlines())
+    assert n >= 10, listed.stdout[-2000:]
+    assert re.search(rf"\b{n} passed\b", out) and "skipped" not in out, (n, out[-2000:])
 
 
 def _free_port() -> int:
