@@ -362,6 +362,14 @@ class Answers:
     log: str
 
 
+def _generate(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST body to the server's native /generate and return its JSON answer."""
+    req = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback only
+        return json.loads(resp.read())
+
+
 def _ask(args: list[str], ids: list[int], cache: Path, chat: bool = True) -> tuple[Answers, Any]:
     """Start `winport serve <args>`, ask for the prompt log-probabilities and (``chat``) a greedy chat
     completion, send Ctrl-C; returns (answers, process). The caller waits for the process: SGLang sleeps
@@ -377,10 +385,7 @@ def _ask(args: list[str], ids: list[int], cache: Path, chat: bool = True) -> tup
         t1 = time.monotonic()
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
                 "return_logprob": True, "logprob_start_len": 0}
-        req = urllib.request.Request(srv.url + "/generate", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback only
-            gen = json.loads(resp.read())
+        gen = _generate(srv.url, body)
         t2 = time.monotonic()
         steps: list[Any] = []
         greedy: dict[str, Any] = {"ids": [], "top": []}
@@ -390,10 +395,7 @@ def _ask(args: list[str], ids: list[int], cache: Path, chat: bool = True) -> tup
             body = {"input_ids": ids, "sampling_params": {"max_new_tokens": GREEDY_TOKENS, "temperature": 0,
                                                           "ignore_eos": True},
                     "return_logprob": True, "top_logprobs_num": TOP_K}
-            req = urllib.request.Request(srv.url + "/generate", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback only
-                out = json.loads(resp.read())
+            out = _generate(srv.url, body)
             greedy = {"ids": out["output_ids"],
                       "top": [{int(tid): float(lp) for lp, tid, *_ in step}
                               for step in out["meta_info"]["output_top_logprobs"]]}
