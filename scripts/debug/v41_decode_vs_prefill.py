@@ -19,8 +19,9 @@ import sys
 import time
 
 sys.path.insert(0, ".")
+from tests.serve._greedy_judge import server_deficits  # noqa: E402
 from tests.serve._server import start, stop, wait_ready  # noqa: E402
-from tests.serve.test_dspark_live import PROMPTS, _deficits, _greedy  # noqa: E402
+from tests.serve.test_dspark_live import PROMPTS, _greedy  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
         print(f"ready after {time.time() - t0:.0f} s", flush=True)
         for ids in PROMPTS:
             tokens = _greedy(srv, ids)["output_ids"]
-            d = _deficits(srv, ids, tokens)
+            d = server_deficits(srv.url, ids, tokens)
             print(f"prompt {len(ids)}: exact {sum(x == 0 for x in d)}/{len(d)} worst {max(d):.3f} "
                   f"deficits {[round(x, 3) for x in d]}", flush=True)
     finally:

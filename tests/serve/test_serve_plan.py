@@ -42,6 +42,16 @@ def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) ->
     assert plan.url.endswith(":31000")
 
 
+def test_arguments_after_double_dash_reach_sglang_last(cpu_only: None, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
+    plan = command.build_plan(["--demo", "--port", "31000", "--", "--disable-radix-cache", "--port", "31001"])
+    assert plan.argv[-3:] == ["--disable-radix-cache", "--port", "31001"]
+    assert plan.argv.count("--disable-radix-cache") == 1
+    # Without `--` an SGLang flag is still an error of winport's own parser.
+    with pytest.raises(SystemExit):
+        command.build_plan(["--demo", "--disable-radix-cache"])
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

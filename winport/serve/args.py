@@ -14,6 +14,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="winport serve",
         description="Serve a DeepSeek-V4.x model through SGLang's OpenAI-compatible API.",
+        usage="%(prog)s (--demo | --model MODEL) [options] [-- SGLANG_SERVER_ARGS...]",
+        epilog="Arguments after `--` go to SGLang's server unchanged, after winport's own (so they win), "
+               "e.g. `-- --disable-radix-cache`.",
     )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--demo", action="store_true",

@@ -113,8 +113,18 @@ def sglang_switches(device: str) -> dict[str, str]:
     return env
 
 
+def split_sglang_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split `winport serve` flags from those after `--`, which go to SGLang's server verbatim (for
+    SGLang options winport does not wrap, e.g. `-- --disable-radix-cache`)."""
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def build_plan(argv: list[str]) -> LaunchPlan:
     """Parse `winport serve` flags and translate them into SGLang's command line and environment."""
+    argv, sglang_extra = split_sglang_args(argv)
     args = build_parser().parse_args(argv)
     if args.speculative_algorithm and resolve_device(args.device) == "cpu":
         # Refused before the model is built or converted: nothing else would change the answer.
@@ -238,6 +248,9 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         sg += ["--disable-custom-all-reduce"]
     if args.cpu_threads:
         env["OMP_NUM_THREADS"] = str(args.cpu_threads)
+    # Last, so that a flag given after `--` wins over winport's choice of the same flag (argparse
+    # keeps the last occurrence).
+    sg += sglang_extra
     return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)
 
 
@@ -425,5 +438,5 @@ def main(argv: list[str] | None = None) -> int:
     except (ServeError, VramError) as exc:
         print(f"winport serve: {exc}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(split_sglang_args(argv)[0])
     return run(plan, args.api_key)
