@@ -3,7 +3,7 @@
 # own time limit; a device call allows 600 s). Logs go to $OUT; the live tests also leave each
 # server's log and prompt_logprobs.json in $OUT/servers.
 # Usage (device, repo root, carry .whlserve): bash scripts/gpu/final_check.sh [PART...]
-#   no PART = 1 2 3 4 (about 520 s); then 5 6 7 in a second call.
+#   no PART = 8 5 (the checks still owed, about 560 s); then 6 7 in a second call.
 #   1  prompt-logprob parity with decode CUDA graphs (the default), then scripts/debug/gpu_parity.py
 #      scores the served values against each modelled activation rounding
 #   2  GPU op tests of the kernels changed since their last GPU run (routing, MXFP4 MoE, rope,
@@ -13,9 +13,11 @@
 #   5  live server tests with winport's Triton MXFP4 MoE (WINPORT_GPU_MXFP4_MOE=1)
 #   6  every live server test, eager decode (WINPORT_CUDA_GRAPH=0)
 #   7  GGUF load scaling with conversion threads (scripts/bench/gguf_load.py)
+#   8  every live server test, CUDA graphs (the default; the greedy verdict widened to the W8A8 floor,
+#      tests/serve/_greedy_judge.py)
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PARTS=${*:-1 2 3 4}
+PARTS=${*:-8 5}
 ops_site() {  # a bare python on the device has no winport .pth: install the shim finder for it
   local site; site=$(mktemp -d); echo "import winport.shimloader as _s; _s.install()" > "$site/sitecustomize.py"
   echo "$site:$PWD"
@@ -43,16 +45,20 @@ for part in $PARTS; do
      timeout "${T4:-150}" bash scripts/gpu/serve_demo.sh tests/serve/test_dspark_live.py -s > "$OUT/4_dspark.log" 2>&1
      quiet "$OUT/4_dspark.log" 25 ;;
   5) echo "=== 5. live tests, WINPORT_GPU_MXFP4_MOE=1 ==="
-     WINPORT_GPU_MXFP4_MOE=1 timeout "${T5:-170}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
+     WINPORT_GPU_MXFP4_MOE=1 timeout "${T5:-240}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
        -k "ready or test_chat_completion or prompt_logprobs or greedy" > "$OUT/5_mxfp4_live.log" 2>&1
      quiet "$OUT/5_mxfp4_live.log" 25 ;;
   6) echo "=== 6. live tests, eager decode ==="
-     WINPORT_CUDA_GRAPH=0 timeout "${T6:-200}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
+     WINPORT_CUDA_GRAPH=0 timeout "${T6:-330}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s \
        > "$OUT/6_eager.log" 2>&1
      quiet "$OUT/6_eager.log" 25 ;;
   7) echo "=== 7. GGUF load scaling ==="
      timeout "${T7:-150}" python3 scripts/bench/gguf_load.py --gib 4 --threads 1,2,4,8,16 > "$OUT/7_gguf.log" 2>&1
      tail -30 "$OUT/7_gguf.log" ;;
+  8) echo "=== 8. live tests, CUDA graphs ==="
+     timeout "${T8:-300}" bash scripts/gpu/serve_demo.sh tests/serve/test_server_live.py -s > "$OUT/8_graphs.log" 2>&1
+     grep -E "greedy vs|shifted|prompt logprobs vs" "$OUT/8_graphs.log" | cut -c1-300
+     quiet "$OUT/8_graphs.log" 12 ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
 done
