@@ -44,9 +44,13 @@ def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) ->
 
 def test_arguments_after_double_dash_reach_sglang_last(cpu_only: None, tmp_path, monkeypatch) -> None:
     monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
-    plan = command.build_plan(["--demo", "--port", "31000", "--", "--disable-radix-cache", "--port", "31001"])
-    assert plan.argv[-3:] == ["--disable-radix-cache", "--port", "31001"]
+    plan = command.build_plan(["--demo", "--", "--disable-radix-cache", "--chunked-prefill-size", "512"])
+    assert plan.argv[-3:] == ["--disable-radix-cache", "--chunked-prefill-size", "512"]
     assert plan.argv.count("--disable-radix-cache") == 1
+    # Flags winport sets itself (its ready line and API-key check rely on them) are refused there.
+    for owned in (["--port", "31001"], ["--host=0.0.0.0"], ["--tp-size", "2"]):
+        with pytest.raises(command.ServeError, match="winport serve sets it itself"):
+            command.build_plan(["--demo", "--", *owned])
     # Without `--` an SGLang flag is still an error of winport's own parser.
     with pytest.raises(SystemExit):
         command.build_plan(["--demo", "--disable-radix-cache"])

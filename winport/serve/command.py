@@ -113,13 +113,26 @@ def sglang_switches(device: str) -> dict[str, str]:
     return env
 
 
+# SGLang flags that winport serve sets from its own (the ready line, the API key check and the
+# process tree it stops depend on them): given after `--` they would silently disagree.
+OWNED_SGLANG_FLAGS = {"--model-path": "--model/--demo", "--host": "--host", "--port": "--port",
+                      "--api-key": "--api-key", "--device": "--device", "--tp-size": "--tp", "--tp": "--tp",
+                      "--served-model-name": "--served-model-name"}
+
+
 def split_sglang_args(argv: list[str]) -> tuple[list[str], list[str]]:
     """Split `winport serve` flags from those after `--`, which go to SGLang's server verbatim (for
     SGLang options winport does not wrap, e.g. `-- --disable-radix-cache`)."""
     if "--" not in argv:
         return argv, []
     cut = argv.index("--")
-    return argv[:cut], argv[cut + 1:]
+    extra = argv[cut + 1:]
+    for arg in extra:
+        owned = OWNED_SGLANG_FLAGS.get(arg.split("=", 1)[0])
+        if owned:
+            raise ServeError(f"{arg.split('=', 1)[0]} after `--`: winport serve sets it itself; use "
+                             f"`winport serve {owned} ...` before `--`")
+    return argv[:cut], extra
 
 
 def build_plan(argv: list[str]) -> LaunchPlan:
