@@ -166,8 +166,9 @@ def test_mxfp4_moe_each_shipped_config(rows: int) -> None:
     x = torch.randn(40, 256).bfloat16()
     ids, tw = routing(40, 3, 2)
     run_both(x, make_experts(3, 256, 128), ids, tw, 10.0, 1.0, config=cfg)
-    assert mm.pick_config(40 * 2, 3) == mm.CONFIGS[32] and mm.pick_config(6, 384) == mm.CONFIGS[16]
-    assert mm.pick_config(2048 * 6, 384) == mm.CONFIGS[32] and mm.pick_config(2048 * 6, 64) == mm.CONFIGS[64]
+    assert mm.pick_config(40 * 2, 3) == mm.CONFIGS[64] and mm.pick_config(6, 384) == mm.CONFIGS[16]
+    assert mm.pick_config(8 * 6, 384) == mm.CONFIGS[16]  # decode, batch 8
+    assert mm.pick_config(2048 * 6, 384) == mm.CONFIGS[64]  # prefill: the tile the H200 sweep picked
 
 
 def test_mxfp4_moe_all_tokens_one_expert() -> None:
