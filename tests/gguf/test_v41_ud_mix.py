@@ -517,3 +517,16 @@ def test_draft_of_an_mxfp4_model_gets_the_demos_mxfp4_experts(ud_gguf: Path, fp8
         assert got[scale].dtype == torch.float8_e8m0fnu and got[scale].shape == ref[scale].shape, name
         assert torch.equal(dequantize_mxfp4(got[name], got[scale]), dequantize_mxfp4(ref[name], ref[scale])), name
     assert sorted(k for k in got if k.startswith("mtp.")) == sorted(k for k in ref if k.startswith("mtp."))
+
+
+def test_unservable_conversion_says_so(ud_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """dense_fp8=False on MXFP4 experts writes a checkpoint SGLang 0.5.23 cannot load: the conversion
+    says so and names the setting that works; dense_fp8=None (what serve passes) says why it picks FP8."""
+    from winport.gguf.to_checkpoint import gguf_to_checkpoint
+
+    gguf_to_checkpoint(ud_gguf, cache=tmp_path / "bf16", dense_fp8=False, progress=False, draft=None)
+    said = capsys.readouterr().out
+    assert f"{ud_gguf.name}: routed experts are MXFP4 and dense_fp8=False" in said and "dense_fp8=None" in said
+    gguf_to_checkpoint(ud_gguf, cache=tmp_path / "fp8", dense_fp8=None, progress=False, draft=None)
+    said = capsys.readouterr().out
+    assert "cannot serve" not in said and "dense weights are converted to block FP8 too" in said

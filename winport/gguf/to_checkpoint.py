@@ -297,6 +297,11 @@ def gguf_to_checkpoint(
             if dense_fp8:
                 _say(f"{loaded.model.paths[0].name}: routed experts are MXFP4, which SGLang loads only under "
                      "its FP8 quantization config: dense weights are converted to block FP8 too")
+        elif not dense_fp8 and needs_fp8_config(loaded):
+            # Still written (tests and exports read such checkpoints tensor by tensor), but said plainly.
+            _say(f"{loaded.model.paths[0].name}: routed experts are MXFP4 and dense_fp8=False: SGLang 0.5.23 "
+                 "cannot serve this checkpoint (it loads packed FP4 experts only under its FP8 config); "
+                 "dense_fp8=None, what `winport serve` passes, converts it servably")
         root = Path(cache) if cache else cache_dir()
         paths = list(loaded.model.paths)
         for side in (loaded.draft, loaded.mmproj):
