@@ -8,7 +8,9 @@ that B's prefill computes too, so every leaf output of the decode pass is compar
 that position, in execution order. A's prefill rows against B's are printed as the control (the same
 computation at a different batch size). The first module whose decode/prefill gap jumps above the
 control is where to look.
-Usage: python scripts/debug/layer_dump_diff.py [--steps N] [--show K] [serve args...]
+Usage: python scripts/debug/layer_dump_diff.py [--steps N] [--show K] [--dump-dir D] [serve args...]
+On the GPU machine: bash scripts/gpu/serve_demo.sh --script scripts/debug/layer_dump_diff.py ...
+(results of 2026-11-30 in scripts/bench/RESULTS.md).
 """
 
 from __future__ import annotations
