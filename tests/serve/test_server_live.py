@@ -287,6 +287,17 @@ def _greedy_deficits(reference, ids: list[int], tokens: list[int]):  # type: ign
     return top2[:, 0] - taken, top2[:, 0] - top2[:, 1]
 
 
+def _free_greedy(model, ids: list[int]) -> list[int]:  # type: ignore[no-untyped-def]
+    """GREEDY_TOKENS greedy tokens of a transformers model after `ids`, free-running."""
+    import torch
+
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(GREEDY_TOKENS):
+            seq.append(int(model(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
 def _w8a8_greedy_bar(folder, prompts: list[list[int]], judge):  # type: ignore[no-untyped-def]
     """For a W8A8 server (CUDA): the bar from the greedy spread of two correct W8A8 computations.
 
@@ -298,13 +309,7 @@ def _w8a8_greedy_bar(folder, prompts: list[list[int]], judge):  # type: ignore[n
     from winport.demo.reference import load_reference
 
     other = load_reference(folder, fp8_activations=True).to(torch.bfloat16)
-    spread = []
-    with torch.no_grad():
-        for ids in prompts:
-            seq = list(ids)
-            for _ in range(GREEDY_TOKENS):
-                seq.append(int(other(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
-            spread.append(_greedy_deficits(judge, ids, seq[len(ids):])[0].tolist())
+    spread = [_greedy_deficits(judge, ids, _free_greedy(other, ids))[0].tolist() for ids in prompts]
     return greedy_judge.bar_from_spread(spread, "W8A8 floor: bf16 W8A8 reference = fp32 W8A8 reference's argmax",
                                         "two W8A8 references disagree at most steps: this judge cannot tell")
 
@@ -326,8 +331,7 @@ def test_greedy_tokens_agree_with_transformers(server: Server) -> None:
     prefill spread, measured here on the same continuations (SGLang's FP8 activations amplify the
     bf16 difference between its decode and prefill attention kernels; the module docstring has the
     numbers), and to the spread of two correct W8A8 references (_w8a8_greedy_bar). The same verdict on
-    wrong continuations (the server's tokens shifted by one) must be
-    negative.
+    wrong continuations (the server's tokens shifted by one) must be negative.
     """
     import torch
     from transformers import AutoTokenizer
@@ -335,9 +339,9 @@ def test_greedy_tokens_agree_with_transformers(server: Server) -> None:
     folder = REPO_ROOT / ".cache" / "winport-test" / "demo-v4"
     tok = AutoTokenizer.from_pretrained(str(folder))
     reference = _reference(folder)
+    prompts = [[0, *tok.encode(text)] for text in GREEDY_PROMPTS]
     judged, own, controls = [], [], []
-    for text in GREEDY_PROMPTS:
-        ids = [0, *tok.encode(text)]
+    for text, ids in zip(GREEDY_PROMPTS, prompts, strict=True):
         status, body = _post(server, "/generate", json.dumps({"input_ids": ids, "sampling_params": {
             "max_new_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True}}).encode())
         assert status == 200, body
@@ -355,8 +359,7 @@ def test_greedy_tokens_agree_with_transformers(server: Server) -> None:
         controls.append(_greedy_deficits(reference, ids, tokens[1:] + tokens[:1])[0].tolist())
     bar = greedy_judge.bar_from_self(own)
     if torch.cuda.is_available():
-        bar = greedy_judge.widest(bar, _w8a8_greedy_bar(folder, [[0, *tok.encode(t)] for t in GREEDY_PROMPTS],
-                                                        reference))
+        bar = greedy_judge.widest(bar, _w8a8_greedy_bar(folder, prompts, reference))
     print(f"greedy vs transformers: {greedy_judge.describe(judged, bar)}")
     assert greedy_judge.meets(judged, bar), judged
     assert not greedy_judge.meets(controls, bar), controls
@@ -366,7 +369,6 @@ def test_w8a8_greedy_floor_is_wide_but_still_refuses_shifted_tokens() -> None:
     """The CUDA-only widening of the greedy bar, computed here on the CPU (no server needed): two W8A8
     references part at a good share of the steps (hence the wider bar), yet every continuation
     shifted by one still fails it."""
-    import torch
     from transformers import AutoTokenizer
 
     from winport.demo.build import ensure_demo
@@ -380,14 +382,10 @@ def test_w8a8_greedy_floor_is_wide_but_still_refuses_shifted_tokens() -> None:
     cpu = greedy_judge.cpu_bar([[0.0] * GREEDY_TOKENS] * len(prompts))
     print(f"W8A8 greedy floor: {bar}")
     assert bar.min_exact < cpu.min_exact  # measured 55/96: the CPU bar would fail a correct W8A8 server
-    with torch.no_grad():
-        shifted = []
-        for ids in prompts:
-            seq = list(ids)
-            for _ in range(GREEDY_TOKENS):
-                seq.append(int(judge(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
-            tokens = seq[len(ids):]
-            shifted.append(_greedy_deficits(judge, ids, tokens[1:] + tokens[:1])[0].tolist())
+    shifted = []
+    for ids in prompts:
+        tokens = _free_greedy(judge, ids)
+        shifted.append(_greedy_deficits(judge, ids, tokens[1:] + tokens[:1])[0].tolist())
     print(f"shifted: {greedy_judge.describe(shifted, bar)}")
     assert not greedy_judge.meets(shifted, bar), greedy_judge.describe(shifted, bar)
 
