@@ -192,6 +192,20 @@ def _parity(served: list[float], reference: list[float]) -> tuple[float, float]:
     return statistics.median(diffs), sum(d < 0.3 for d in diffs) / len(diffs)
 
 
+def _bf16_w8a8_twin(folder):  # type: ignore[no-untyped-def]
+    """The W8A8 reference in bf16, the second correct W8A8 computation the CUDA bounds come from.
+
+    It runs on the GPU when there is one: that is the bf16 arithmetic the server's own runs on, and
+    a bf16 model on a CPU is slow: on the H200 host (2026-11-30) its 96 free-running greedy steps
+    did not finish within the time the whole live file had (300 s), against 25 s here."""
+    import torch
+
+    from winport.demo.reference import load_reference
+
+    model = load_reference(folder, fp8_activations=True).to(torch.bfloat16)
+    return model.to("cuda") if torch.cuda.is_available() else model
+
+
 def _w8a8_bounds(folder, ids: list[int], reference: list[float]) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """The bounds for a server that runs W8A8 (CUDA): from the spread of two correct W8A8 runs.
 
@@ -206,11 +220,10 @@ def _w8a8_bounds(folder, ids: list[int], reference: list[float]) -> tuple[float,
     minus 0.1; both are computed here from the same prompt. The shifted control (median ~1 nat) must
     still fail that bound, so a kernel error that moves every position is still caught.
     """
-    import torch
 
-    from winport.demo.reference import load_reference, prompt_logprobs
+    from winport.demo.reference import prompt_logprobs
 
-    other = prompt_logprobs(load_reference(folder, fp8_activations=True).to(torch.bfloat16), ids)
+    other = prompt_logprobs(_bf16_w8a8_twin(folder), ids)
     floor_median, floor_share = _parity(other, reference)
     print(f"W8A8 floor (fp32 vs bf16 reference, both FP8 activations): median {floor_median:.4f} "
           f"share<0.3: {floor_share:.2f}")
@@ -291,10 +304,10 @@ def _free_greedy(model, ids: list[int]) -> list[int]:  # type: ignore[no-untyped
     """GREEDY_TOKENS greedy tokens of a transformers model after `ids`, free-running."""
     import torch
 
-    seq = list(ids)
+    seq, device = list(ids), next(model.parameters()).device
     with torch.no_grad():
         for _ in range(GREEDY_TOKENS):
-            seq.append(int(model(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
+            seq.append(int(model(torch.tensor([seq], device=device), use_cache=False).logits[0, -1].argmax()))
     return seq[len(ids):]
 
 
@@ -304,12 +317,12 @@ def _w8a8_greedy_bar(folder, prompts: list[list[int]], judge):  # type: ignore[n
     The bf16 copy of the W8A8 reference runs free for GREEDY_TOKENS steps per prompt and `judge` (the
     fp32 W8A8 reference the server is judged by) reads its continuations, as _w8a8_bounds does for
     prompt log-probabilities (tests/serve/_greedy_judge.py has the measured spread)."""
-    import torch
 
-    from winport.demo.reference import load_reference
 
-    other = load_reference(folder, fp8_activations=True).to(torch.bfloat16)
+    started = time.monotonic()
+    other = _bf16_w8a8_twin(folder)
     spread = [_greedy_deficits(judge, ids, _free_greedy(other, ids))[0].tolist() for ids in prompts]
+    print(f"W8A8 greedy floor computed in {time.monotonic() - started:.0f} s on {next(other.parameters()).device}")
     return greedy_judge.bar_from_spread(spread, "W8A8 floor: bf16 W8A8 reference = fp32 W8A8 reference's argmax",
                                         "two W8A8 references disagree at most steps: this judge cannot tell")
 

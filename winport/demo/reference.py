@@ -137,7 +137,8 @@ def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool =
 
 @torch.no_grad()
 def prompt_logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
-    """log p(ids[t] | ids[:t]) for t = 1 .. len(ids)-1, in float64."""
-    logits = model(torch.tensor([ids]), use_cache=False).logits[0].double()
+    """log p(ids[t] | ids[:t]) for t = 1 .. len(ids)-1, in float64 (on whichever device `model` is)."""
+    device = next(model.parameters()).device
+    logits = model(torch.tensor([ids], device=device), use_cache=False).logits[0].double().cpu()
     lp = torch.log_softmax(logits, -1)
     return [float(lp[t, ids[t + 1]]) for t in range(len(ids) - 1)]
