@@ -317,8 +317,6 @@ def _w8a8_greedy_bar(folder, prompts: list[list[int]], judge):  # type: ignore[n
     The bf16 copy of the W8A8 reference runs free for GREEDY_TOKENS steps per prompt and `judge` (the
     fp32 W8A8 reference the server is judged by) reads its continuations, as _w8a8_bounds does for
     prompt log-probabilities (tests/serve/_greedy_judge.py has the measured spread)."""
-
-
     started = time.monotonic()
     other = _bf16_w8a8_twin(folder)
     spread = [_greedy_deficits(judge, ids, _free_greedy(other, ids))[0].tolist() for ids in prompts]
