@@ -28,7 +28,10 @@ def test_round_trip_equals_the_shims_group_quantization(tokens: int, ue8m0: bool
     assert (ours != x.float()).any()  # it does round
 
 
-def test_hooks_the_w8a8_modules_of_the_demo_model() -> None:
+@pytest.mark.parametrize("experts", [True, False])
+def test_hooks_the_w8a8_modules_of_the_demo_model(experts: bool) -> None:
+    """Every W8A8 module of the demo is hooked; the routed experts only when they are W8A8 too
+    (experts=False: winport's W4A16 MXFP4 MoE leaves their inputs unrounded)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from winport.demo.config import demo_config
@@ -42,12 +45,12 @@ def test_hooks_the_w8a8_modules_of_the_demo_model() -> None:
     ids = torch.randint(0, config.vocab_size, (1, 12))
     with torch.no_grad():
         plain = model(ids, use_cache=False).logits
-        hooked = add_fp8_activations(model, dense_ue8m0=True)
+        hooked = add_fp8_activations(model, dense_ue8m0=True, experts=experts)
         rounded = model(ids, use_cache=False).logits
     layers = config.num_hidden_layers
     indexers = sum(1 for n, _ in model.named_modules() if n.endswith("compressor.indexer.q_b_proj"))
     # 4 attention + 3 shared-expert linears per layer, the indexers' q_b, one experts module per layer.
-    assert hooked == layers * (4 + 3 + 1) + indexers
+    assert hooked == layers * (4 + 3 + int(experts)) + indexers
     assert torch.isfinite(rounded).all()
     diff = (rounded - plain).abs().max()
     assert 0 < diff < 0.5 * plain.abs().max()

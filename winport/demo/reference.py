@@ -59,9 +59,11 @@ _W8A8_LINEARS = ("self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_proj"
                  "mlp.shared_experts.up_proj", "mlp.shared_experts.down_proj")
 
 
-def add_fp8_activations(model: torch.nn.Module, *, dense_ue8m0: bool) -> int:
+def add_fp8_activations(model: torch.nn.Module, *, dense_ue8m0: bool, experts: bool = True) -> int:
     """Round the inputs of every W8A8 linear and of the routed experts (gate_up and down) through FP8,
     as SGLang's block-FP8 linears and Triton fused MoE do on CUDA; returns how many modules were hooked.
+    `experts=False` leaves the routed experts' inputs in full precision, as winport's W4A16 MXFP4 MoE
+    (WINPORT_GPU_MXFP4_MOE=1) multiplies them.
 
     The dense linears use power-of-two scales when `dense_ue8m0` (SGLang's act_scale_ue8m0 for a
     scale_fmt ue8m0 checkpoint); the Triton fused MoE always quantizes with exact scales.
@@ -73,7 +75,7 @@ def add_fp8_activations(model: torch.nn.Module, *, dense_ue8m0: bool) -> int:
             mod.register_forward_pre_hook(
                 lambda _m, args: (fp8_activation_round_trip(args[0], ue8m0=dense_ue8m0), *args[1:]))
             hooked += 1
-        elif name.endswith("mlp.experts") and hasattr(mod, "_apply_gate"):
+        elif experts and name.endswith("mlp.experts") and hasattr(mod, "_apply_gate"):
             mod.register_forward_pre_hook(lambda _m, args: (fp8_activation_round_trip(args[0]), *args[1:]))
             gate = mod._apply_gate  # its output is exactly the down projection's input
             mod._apply_gate = lambda gate_up, _gate=gate: fp8_activation_round_trip(_gate(gate_up))
@@ -109,11 +111,13 @@ def dequantized_copy(folder: Path, out: Path) -> Path:
     return out
 
 
-def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool = False) -> torch.nn.Module:
+def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool = False,
+                   fp8_expert_activations: bool | None = None) -> torch.nn.Module:
     """transformers' DeepseekV4ForCausalLM for the demo folder, fp32, eval mode, FP8 KV if asked.
 
     A quantized folder (FP8 dense + MXFP4 experts) is loaded through its dequantized copy.
-    `fp8_activations` adds SGLang's CUDA activation quantization (:func:`add_fp8_activations`).
+    `fp8_activations` adds SGLang's CUDA activation quantization (:func:`add_fp8_activations`), at the
+    routed experts too unless `fp8_expert_activations` is False (winport's W4A16 MXFP4 MoE).
     """
     import json
     import tempfile
@@ -130,7 +134,9 @@ def load_reference(folder: Path, *, fp8_kv: bool = True, fp8_activations: bool =
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     if fp8_kv and add_fp8_kv(model) == 0:
         raise RuntimeError("found no KV norm to hook: transformers' DeepSeek-V4 module names changed")
-    if fp8_activations and add_fp8_activations(model, dense_ue8m0=(quant or {}).get("scale_fmt") == "ue8m0") == 0:
+    experts = fp8_activations if fp8_expert_activations is None else fp8_expert_activations
+    if fp8_activations and add_fp8_activations(model, dense_ue8m0=(quant or {}).get("scale_fmt") == "ue8m0",
+                                               experts=experts) == 0:
         raise RuntimeError("found no W8A8 linear to hook: transformers' DeepSeek-V4 module names changed")
     return model
 
