@@ -27,7 +27,7 @@ def test_demo_plan_defaults_to_loopback_cpu_and_sglang_switches(cpu_only: None, 
     assert plan.env["SGLANG_CRASH_ON_JIT_COMPILE"] == "1"
     assert plan.env["WINPORT_PLATFORM"] == "on"
     assert plan.env["PYTHONUTF8"] == "1"  # Windows' ANSI code page cannot read DeepSeek's tokenizer files
-    assert "--api-key" not in argv
+    assert "--api-key" not in argv and plan.api_key is None
     assert argv[argv.index("--served-model-name") + 1] == "winport-demo-v4"  # never a path with a drive colon
 
 
@@ -37,6 +37,7 @@ def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) ->
                                "--context-length", "2048", "--port", "31000"])
     a = plan.argv
     assert a[a.index("--api-key") + 1] == "s3cret"
+    assert plan.api_key == "s3cret"  # the readiness probe authenticates with it
     assert a[a.index("--max-running-requests") + 1] == "3"
     assert a[a.index("--context-length") + 1] == "2048"
     assert plan.url.endswith(":31000")

@@ -40,6 +40,7 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     vram: VramPlan | None = None
+    api_key: str | None = None  # what the readiness probe sends; SGLang gets it through argv
 
     @property
     def url(self) -> str:
@@ -264,7 +265,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     # Last, so that a flag given after `--` wins over winport's choice of the same flag (argparse
     # keeps the last occurrence).
     sg += sglang_extra
-    return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram)
+    return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram, api_key=args.api_key)
 
 
 # Why SGLang 0.5.23 cannot use a sidecar here (the file is still checked and converted).
@@ -394,7 +395,7 @@ def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
         sink.flush()
 
 
-def run(plan: LaunchPlan, api_key: str | None) -> int:
+def run(plan: LaunchPlan) -> int:
     """Start the server, report progress and readiness, and stop the process tree on exit."""
     env = {**os.environ, **plan.env}
     print(f"winport serve: model {plan.model_path} on {plan.device}", flush=True)
@@ -427,7 +428,7 @@ def run(plan: LaunchPlan, api_key: str | None) -> int:
                       file=sys.stderr, flush=True)
                 return proc.returncode or 1
             if not ready:
-                if _health(plan.url, api_key):
+                if _health(plan.url, plan.api_key):
                     ready = True
                     print(f"winport serve: ready at {plan.url} (OpenAI API: {plan.url}/v1) after "
                           f"{time.monotonic() - start:.0f} s; Ctrl-C stops it", flush=True)
@@ -451,5 +452,4 @@ def main(argv: list[str] | None = None) -> int:
     except (ServeError, VramError) as exc:
         print(f"winport serve: {exc}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(split_sglang_args(argv)[0])
-    return run(plan, args.api_key)
+    return run(plan)
