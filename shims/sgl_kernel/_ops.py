@@ -393,7 +393,7 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: torch.Tensor | i
     if indices is not None:
         probs = probs[indices.long()]
     _check_nan(probs, check_nan)
-    return sampling.sample_from(sampling.filter_top_k_top_p(probs, top_k, top_p, filter_apply_order), generator)
+    return sampling.top_k_top_p_sample(probs, top_k, top_p, filter_apply_order, generator)
 
 
 def apply_token_bitmask_inplace_cuda(logits: torch.Tensor, bitmask: torch.Tensor,

@@ -128,3 +128,68 @@ def test_sampling_gpu(config: tuple[int, int, int, bool] | None) -> None:
     p = torch.softmax(x, -1)
     s = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint")
     assert _top_k_mask(p, 50)[torch.arange(64, device="cuda"), s.long()].all()
+
+
+def _on_vocab(q: torch.Tensor, idx: torch.Tensor, v: int) -> torch.Tensor:
+    return torch.zeros(q.shape[0], v).scatter_(1, idx, q)
+
+
+@pytest.mark.parametrize("order", ["joint", "top_k_first"])
+@pytest.mark.parametrize("k,whole", [(7, False), (300, False), (0, True), (5000, True)])
+def test_top_k_top_p_candidates_equal_the_reference_filter(order: str, k: int, whole: bool) -> None:
+    """The sampler's filtered distribution, mapped back onto the vocabulary, is the reference filter's
+    (filter_top_k_top_p) on both routes: torch.topk candidates for small k, one sort otherwise."""
+    torch.manual_seed(k)
+    b, v = 6, 8000
+    probs = torch.softmax(torch.randn(b, v) * 3, -1)
+    top_p = torch.tensor([0.3, 0.5, 0.8, 0.9, 0.95, 1.0])
+    assert sampling._descending_candidates(probs, torch.full((b,), k))[2] == whole
+    q, idx = sampling.top_k_top_p_candidates(probs, k, top_p, order)
+    got = _on_vocab(q, idx, v)
+    ref = sampling.filter_top_k_top_p(probs, k, top_p, order)
+    assert not got.isnan().any()
+    assert torch.equal(got > 0, ref > 0)
+    torch.testing.assert_close(got / got.sum(-1, keepdim=True), ref / ref.sum(-1, keepdim=True), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("order", ["joint", "top_k_first"])
+def test_top_k_top_p_candidates_with_ties(order: str) -> None:
+    """Ties (bf16 logits give many): top-k keeps every token tied with the k-th (so does the
+    reference); ties running past the topk candidates send the row to the full sort. Which of several
+    tied tokens top-p keeps at its boundary depends on sort order in both, so the kept values are
+    compared as multisets."""
+    torch.manual_seed(3)
+    b, v, k = 4, 3000, 20
+    probs = torch.softmax((torch.randn(b, v) * 2).to(torch.bfloat16).float(), -1)
+    probs[0, :] = 1.0 / v  # every token tied: top-k keeps all of them, past any candidate count
+    kk = torch.full((b,), k)
+    assert sampling._descending_candidates(probs, kk)[2]  # row 0's ties force the full sort
+    assert not sampling._descending_candidates(probs[1:], kk[1:])[2]
+    for rows in (slice(None), slice(1, None)):
+        p = probs[rows]
+        q, idx = sampling.top_k_top_p_candidates(p, k, 0.7, order)
+        got = _on_vocab(q, idx, v)
+        ref = sampling.filter_top_k_top_p(p, k, 0.7, order)
+        torch.testing.assert_close(got.sort(-1).values, ref.sort(-1).values, rtol=1e-5, atol=1e-8)
+    q, _ = sampling.top_k_top_p_candidates(probs, k, 1.0, order)
+    assert int((q[0] > 0).sum()) == v  # the tie at the k-th value is kept whole: all 3000 tokens
+
+
+def test_top_k_top_p_sampling_frequencies_match_the_filtered_distribution() -> None:
+    torch.manual_seed(5)
+    b, v, n = 3, 40, 20000
+    probs = torch.softmax(torch.randn(b, v), -1)
+    ref = sampling.filter_top_k_top_p(probs, 12, 0.8, "top_k_first")
+    ref = ref / ref.sum(-1, keepdim=True)
+    g = torch.Generator().manual_seed(11)
+    draws = torch.stack([fs.top_k_top_p_sampling_from_probs(probs, 12, 0.8, generator=g) for _ in range(n)], 1)
+    freq = torch.stack([torch.bincount(draws[r].long(), minlength=v).float() / n for r in range(b)])
+    assert (freq[ref == 0] == 0).all()
+    torch.testing.assert_close(freq, ref, rtol=0, atol=0.012)  # 4 standard deviations of a share at n=20000
+
+
+def test_top_k_top_p_sampling_keeps_the_top_token_when_top_p_is_tiny() -> None:
+    probs = _probs(5, 700)
+    for order in ("joint", "top_k_first"):
+        s = fs.top_k_top_p_sampling_from_probs(probs, 30, 1e-9, filter_apply_order=order)
+        assert torch.equal(s.long(), probs.argmax(-1))
