@@ -232,9 +232,9 @@ TOPK_CANDIDATES_MAX = 1024  # rows all asking for top-k <= this take torch.topk 
 
 
 def _rows_bounded_by_k(probs: torch.Tensor, k: torch.Tensor) -> int:
-    """How many candidates per row `torch.topk` returns (the largest k with room for ties), or 0 when
-    a full sort is needed: a row keeps all (k <= 0 or k >= V), k exceeds TOPK_CANDIDATES_MAX, or a
-    CUDA graph is being captured (these checks read values back to the host)."""
+    """How many candidates per row `torch.topk` returns (twice the largest k plus 16: room for ties),
+    or 0 when a full sort is needed: a row keeps all (k <= 0 or k >= V), k exceeds
+    TOPK_CANDIDATES_MAX, or a CUDA graph is being captured (these checks read values back to the host)."""
     b, v = probs.shape
     if b == 0 or (probs.is_cuda and torch.cuda.is_current_stream_capturing()):
         return 0
