@@ -303,13 +303,11 @@ def top_k_top_p_sample(probs: torch.Tensor, top_k: torch.Tensor | int, top_p: to
                        generator: torch.Generator | None) -> torch.Tensor:
     """Top-k/top-p sampling -> int32 ids: one uniform per row (as `sample_from`) inverts the CDF of
     `top_k_top_p_candidates`' distribution."""
-    b = probs.shape[0]
+    q, idx = top_k_top_p_candidates(probs, top_k, top_p, order)
+    b = q.shape[0]
     if b == 0:
-        if order not in ("top_k_first", "joint"):
-            raise ValueError(f"Invalid filter_apply_order: {order}")
         return torch.empty(0, dtype=torch.int32, device=probs.device)
     u = torch.rand(b, generator=generator, device=probs.device, dtype=torch.float32)
-    q, idx = top_k_top_p_candidates(probs, top_k, top_p, order)
     cdf = q.cumsum(-1)
     pos = torch.searchsorted(cdf.contiguous(), (u * cdf[:, -1]).view(-1, 1).contiguous(), right=True)
     return idx.gather(1, pos.clamp_(0, q.shape[1] - 1)).view(-1).to(torch.int32)

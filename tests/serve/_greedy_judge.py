@@ -34,8 +34,9 @@ tie count may rise to the spread's plus as much, and the worst deficit may reach
 worst. Simulated with binomial counts at the H200's rates (test_greedy_judge): a correct server then
 fails the bar in 4 % of runs (2 % on each count). Until 2026-11-30 the margin was two standard
 deviations of one count, which fails a correct server in 11 % of runs (7 % on each count); the H200's
-opt-in W4A16 MoE server missed that bar by one step (51/96 against 52), which prompted the correction. Never tighter than the CPU bar, and each spread must itself be exact at half
-the steps or more: a broken decode path fails there instead of widening the bar. Tokens that do not
+opt-in W4A16 MoE server missed that bar by one step (51/96 against 52), which prompted the
+correction. Never tighter than the CPU bar, and each spread must itself be exact at half the steps or
+more: a broken decode path fails there instead of widening the bar. Tokens that do not
 follow (the shifted controls) fail every bar: they are off at most steps.
 """
 

@@ -211,7 +211,15 @@ def _bf16_w8a8_twin(folder):  # type: ignore[no-untyped-def]
 
     from winport.demo.reference import load_reference
 
-    model = load_reference(folder, fp8_activations=True, fp8_expert_activations=_experts_w8a8()).to(torch.bfloat16)
+    model = load_reference(folder, fp8_activations=True, fp8_expert_activations=_experts_w8a8())
+    return _on_gpu_if_any(model.to(torch.bfloat16))
+
+
+def _on_gpu_if_any(model):  # type: ignore[no-untyped-def]
+    """`model` on the GPU when there is one: the H200 host's CPU did not finish the references'
+    free-running greedy steps in the time the live file had (2026-11-30)."""
+    import torch
+
     return model.to("cuda") if torch.cuda.is_available() else model
 
 
@@ -229,7 +237,6 @@ def _w8a8_bounds(folder, ids: list[int], reference: list[float]) -> tuple[float,
     minus 0.1; both are computed here from the same prompt. The shifted control (median ~1 nat) must
     still fail that bound, so a kernel error that moves every position is still caught.
     """
-
     from winport.demo.reference import prompt_logprobs
 
     other = prompt_logprobs(_bf16_w8a8_twin(folder), ids)
@@ -390,7 +397,6 @@ def test_w8a8_greedy_floor_is_wide_but_still_refuses_shifted_tokens() -> None:
     """The CUDA-only widening of the greedy bar, computed without a server (in CI on the CPU; on the
     GPU when there is one): two W8A8 references part at a good share of the steps (hence the wider
     bar), yet every continuation shifted by one still fails it."""
-    import torch
     from transformers import AutoTokenizer
 
     from winport.demo.build import ensure_demo
@@ -399,9 +405,7 @@ def test_w8a8_greedy_floor_is_wide_but_still_refuses_shifted_tokens() -> None:
     folder = ensure_demo("v4", folder=REPO_ROOT / ".cache" / "winport-test" / "demo-v4")  # the server's copy
     tok = AutoTokenizer.from_pretrained(str(folder))
     prompts = [[0, *tok.encode(t)] for t in GREEDY_PROMPTS]
-    judge = load_reference(folder, fp8_activations=True, fp8_expert_activations=_experts_w8a8())
-    if torch.cuda.is_available():  # the H200 host's CPU did not finish this free-run in 100+ s (2026-11-30)
-        judge = judge.to("cuda")
+    judge = _on_gpu_if_any(load_reference(folder, fp8_activations=True, fp8_expert_activations=_experts_w8a8()))
     bar = _w8a8_greedy_bar(folder, prompts, judge)
     cpu = greedy_judge.cpu_bar([[0.0] * GREEDY_TOKENS] * len(prompts))
     print(f"W8A8 greedy floor: {bar}")
