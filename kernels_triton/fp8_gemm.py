@@ -57,6 +57,10 @@ try:  # Triton is optional on the CPU path (the reference needs only torch).
     _HAVE_TRITON = True
 except ImportError:  # pragma: no cover - exercised only on installs without triton
     _HAVE_TRITON = False
+try:  # grid dependency control (programmatic dependent launch), Triton >= 3.4, SM90 and newer
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: the GEMV runs without PDL
+    gdc_launch_dependents = gdc_wait = None
 
 FP8_DTYPE = torch.float8_e4m3fn
 _SMALL_M = 16  # the decode path: one 16-row tile covers the whole batch
@@ -282,12 +286,28 @@ if _HAVE_TRITON:
 
 
     @triton.jit
+    def _fp8_gemv_step(w, x_rows, as_ptr, bs_row_ptr, it, K, s_ak, s_ask, s_bsk,
+                       GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+        """One K step of `_fp8_gemv_kernel` on its loaded weight tile -> scaled [BLOCK_N, BLOCK_K / VEC] partials."""
+        kk = it * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + kk[None, :] * s_ak, mask=(kk < K)[None, :], other=0.0)
+        prod = w.to(tl.float32) * x.to(tl.float32)
+        part = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+        kc = it * BLOCK_K + tl.arange(0, BLOCK_K // VEC) * VEC
+        c_mask = kc < K
+        g = kc // GK
+        scl = (tl.load(as_ptr + g * s_ask, mask=c_mask, other=0.0)
+               * tl.load(bs_row_ptr + g * s_bsk, mask=c_mask, other=0.0))
+        return part * scl[None, :]
+
+
+    @triton.jit
     def _fp8_gemv_kernel(
         a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
         N, K, iters_per_split, split_k,
         s_ak, s_bn, s_bk, s_ask, s_bsn, s_bsk, s_cn, s_dn,
         GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
+        VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr, PDL: tl.constexpr,
     ):
         """M = 1 decode GEMV without tensor cores: out[n] = sum_k w[n, k] * x[k] * sa[k/GK] * sb[n/GN, k/GK].
 
@@ -308,33 +328,37 @@ if _HAVE_TRITON:
           hand-written register double buffer (next K step's tile loaded before this step's math)
           was slower in every H200 sweep cell (more registers, byte shuffles); occupancy (about 32
           registers per thread) keeps the loads in flight instead.
+        - PDL (programmatic dependent launch, SM90+): the small shapes pay a fixed ~2-3 us per
+          launch (ramp-up, tail). The weight does not depend on the previous kernel, so with PDL the
+          kernel lets its successor launch at once, loads its first weight tile, and only then
+          waits for the previous kernel (griddepcontrol.wait) before touching x, the scales or the
+          output: the weight stream of one GEMV overlaps the tail of the one before.
         """
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
-        chunk = tl.arange(0, BLOCK_K // VEC) * VEC
         srow = (pid_n * BLOCK_N) // GN  # the one weight-scale row of this tile
         k_iters = tl.cdiv(K, BLOCK_K)
         it0 = pid_k * iters_per_split
         it1 = tl.minimum(it0 + iters_per_split, k_iters)
         w_rows = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
         x_rows = a_ptr + offs_n[:, None] * 0  # x broadcast over the tile's rows (same layout as w)
+        bs_row = bs_ptr + srow * s_bsn
         acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-        for it in range(it0, it1):
+        start = it0
+        if PDL:
+            gdc_launch_dependents()
+            kk = it0 * BLOCK_K + offs_k
+            w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
+            gdc_wait()  # the previous kernel's writes (x, its scales, our output buffer) are visible now
+            acc += _fp8_gemv_step(w, x_rows, as_ptr, bs_row, it0, K, s_ak, s_ask, s_bsk, GK, BLOCK_N, BLOCK_K, VEC)
+            start = it0 + 1
+        for it in range(start, it1):
             kk = it * BLOCK_K + offs_k
-            k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = tl.load(x_rows + kk[None, :] * s_ak, mask=k_mask[None, :], other=0.0)
-            prod = w.to(tl.float32) * x.to(tl.float32)
-            part = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
-            kc = it * BLOCK_K + chunk
-            c_mask = kc < K
-            g = kc // GK
-            scl = (tl.load(as_ptr + g * s_ask, mask=c_mask, other=0.0)
-                   * tl.load(bs_ptr + srow * s_bsn + g * s_bsk, mask=c_mask, other=0.0))
-            acc += part * scl[None, :]
+            w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
+            acc += _fp8_gemv_step(w, x_rows, as_ptr, bs_row, it, K, s_ak, s_ask, s_bsk, GK, BLOCK_N, BLOCK_K, VEC)
         res = tl.sum(acc, axis=1)
         d_ptrs = d_ptr + offs_n * s_dn
         if not USE_SPLIT:
@@ -469,6 +493,26 @@ def _num_sms(device: torch.device) -> int:
 
 
 @functools.cache
+def _pdl_supported(device: torch.device) -> bool:
+    """Whether this GPU and Triton can launch with programmatic dependent launch: SM90 or newer (the
+    users' SM120 included), a Triton with grid dependency control and the `launch_pdl` option."""
+    if not _HAVE_TRITON or gdc_wait is None or device.type != "cuda":
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover - a Triton build without the NVIDIA backend
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {}) and \
+        torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def gemv_pdl(device: torch.device) -> bool:
+    """Whether the M = 1 GEMV launches with PDL on `device`: where supported, unless
+    WINPORT_FP8_GEMV_PDL=0 (the benchmark's before/after switch)."""
+    return os.environ.get("WINPORT_FP8_GEMV_PDL", "1") != "0" and _pdl_supported(device)
+
+
+@functools.cache
 def _has_fp8_mma(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
@@ -567,13 +611,15 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
     cnt = _counters(a.device) if split > 1 else ws
     c_arg = c if c is not None else out
     if m == 1:
+        pdl = gemv_pdl(a.device)
         _fp8_gemv_kernel[(tiles, split)](
             a, b, a_scale, b_scale, c_arg, out, ws, cnt,
             n, k, per, split,
             a.stride(1), b.stride(0), b.stride(1), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
             c.stride(1) if c is not None else 0, out.stride(1),
             GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
-            USE_SPLIT=split > 1, HAS_C=c is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            **({"launch_pdl": True} if pdl else {}),
         )
         return out
     _fp8_gemv_multi_kernel[(tiles, split)](

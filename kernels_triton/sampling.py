@@ -229,14 +229,18 @@ def filter_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor | int, top_p: to
 
 
 TOPK_CANDIDATES_MAX = 1024  # rows all asking for top-k <= this take torch.topk instead of a full sort
+# Batches smaller than this sort without reading k back: the topk route's two host reads cost more
+# than they save when there are few rows to sort (set from the H200 timings in scripts/bench/ops.py).
+TOPK_CANDIDATES_MIN_ROWS = 1
 
 
 def _rows_bounded_by_k(probs: torch.Tensor, k: torch.Tensor) -> int:
     """How many candidates per row `torch.topk` returns (twice the largest k plus 16: room for ties),
     or 0 when a full sort is needed: a row keeps all (k <= 0 or k >= V), k exceeds
-    TOPK_CANDIDATES_MAX, or a CUDA graph is being captured (these checks read values back to the host)."""
+    TOPK_CANDIDATES_MAX, the batch is under TOPK_CANDIDATES_MIN_ROWS, or a CUDA graph is being
+    captured (these checks read values back to the host)."""
     b, v = probs.shape
-    if b == 0 or (probs.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if b < max(1, TOPK_CANDIDATES_MIN_ROWS) or (probs.is_cuda and torch.cuda.is_current_stream_capturing()):
         return 0
     kmax, kmin = (int(x) for x in torch.stack([k.max(), k.min()]).tolist())
     if kmin <= 0 or kmax >= v or kmax > TOPK_CANDIDATES_MAX:

@@ -123,6 +123,35 @@ def scaled_mm_time(wts: Weights, m: int) -> float | None:
         return None
 
 
+def without_pdl(fn):
+    """fn() with the M = 1 GEMV launched without programmatic dependent launch (the "before")."""
+    old = os.environ.get("WINPORT_FP8_GEMV_PDL")
+    os.environ["WINPORT_FP8_GEMV_PDL"] = "0"
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ["WINPORT_FP8_GEMV_PDL"]
+        else:
+            os.environ["WINPORT_FP8_GEMV_PDL"] = old
+
+
+def layer_sequence_time(pdl: bool, layers: int = 4) -> tuple[float, int]:
+    """Milliseconds per layer of the seven M = 1 GEMVs run one after another in one CUDA graph, as a
+    decode step issues them (each shape's own activation and output), over `layers` layers' distinct
+    weights (~930 MB, so L2 never holds the next weight), and the bytes one layer reads."""
+    per_layer = [[Weights(n, k, 32, 32, 1) for n, k in SHAPES] for _ in range(layers)]
+    io = [(*act(1, k, 32), torch.empty(1, n, dtype=torch.bfloat16, device="cuda")) for n, k in SHAPES]
+    calls = [lambda w=w, a=a: fp8_block_gemm(a[0], a[1], w.w[0], w.s[0], (32, 32), out=a[2])
+             for layer in per_layer for w, a in zip(layer, io, strict=True)]
+    run = (lambda: graph_bench(calls)) if pdl else (lambda: without_pdl(lambda: graph_bench(calls)))
+    ms = run() * len(SHAPES)
+    nbytes = sum(w.nbytes() for w in per_layer[0])
+    del per_layer
+    torch.cuda.empty_cache()
+    return ms, nbytes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
@@ -166,6 +195,7 @@ def main() -> None:
     total_bytes = 0
     best_total = 0.0
     before_total = 0.0
+    nopdl_total = 0.0
     small_sum: dict = {}
     dot_sum: dict = {}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -173,6 +203,7 @@ def main() -> None:
         copies = max(2, int(3 * 60e6 // (n * k)) + 1)  # > 3x the 60 MB L2 per rotation
         wts = Weights(n, k, 32, 32, copies)
         ms = gemv_time(wts, 1, None)
+        nopdl_ms = without_pdl(lambda wts=wts: gemv_time(wts, 1, None))
         best = (ms, "default " + str(default_gemv_config(n, k, 32, torch.device("cuda"))))
         before_ms = None
         if before is not None:
@@ -230,7 +261,8 @@ def main() -> None:
                 tops.sort()
                 print(f"  M={m_} {n}x{k}: default {small[m_] * 1e3:.1f} us; sweep top 3: "
                       + "; ".join(f"{c} {t * 1e3:.1f}" for t, c in tops[:3]))
-        rows.append({"n": n, "k": k, "ms": ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
+        nopdl_total += nopdl_ms
+        rows.append({"n": n, "k": k, "ms": ms, "no_pdl_ms": nopdl_ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
                      "scaled_mm_ms_M16": smm, "bf16_matmul_ms_M1": bf_ms,
                      "best_sweep": best if args.sweep else None, "before_ms": before_ms,
                      **{f"ms_M{m}": t for m, t in small.items()},
@@ -238,6 +270,7 @@ def main() -> None:
         total_ms += ms
         total_bytes += wts.nbytes()
         print(f"GEMV M=1 {n:>6}x{k:<5}: {ms * 1e3:7.1f} us {gbps:6.0f} GB/s ({100 * gbps / copy_bw:4.1f}% of copy)"
+              f" | without PDL {nopdl_ms * 1e3:.1f} us ({100 * wts.nbytes() / nopdl_ms / 1e6 / copy_bw:.1f}%)"
               f" | before: {'n/a' if before_ms is None else f'{before_ms * 1e3:.1f} us'}"
               f" | M=2/4/8/16: {'/'.join(f'{small[m_] * 1e3:.1f}' for m_ in SMALL_M)} us"
               f" (tl.dot path M=2/4/8: {'/'.join(f'{dot_path[m_] * 1e3:.1f}' for m_ in (2, 4, 8))})"
@@ -262,6 +295,15 @@ def main() -> None:
     res["per_token_40_layers_ms"] = total_ms * LAYERS
     print(f"per layer: {total_bytes / 1e6:.1f} MB in {total_ms * 1e3:.1f} us = {layer_gbps:.0f} GB/s "
           f"({100 * layer_gbps / copy_bw:.1f}% of copy); 40 layers: {total_ms * LAYERS:.2f} ms per decode token")
+    print(f"per layer without PDL: {nopdl_total * 1e3:.1f} us "
+          f"({100 * total_bytes / nopdl_total / 1e6 / copy_bw:.1f}% of copy)")
+    res["per_layer_no_pdl_ms"] = nopdl_total
+    for pdl in (True, False):
+        t, nbytes = layer_sequence_time(pdl)
+        print(f"layer sequence in one graph (the 7 shapes in turn, 4 layers' weights rotated), PDL {'on' if pdl else 'off'}: "
+              f"{t * 1e3:.1f} us per layer = {100 * nbytes / t / 1e6 / copy_bw:.1f}% of copy; "
+              f"40 layers {t * LAYERS:.2f} ms")
+        res[f"layer_sequence_ms_pdl_{int(pdl)}"] = t
 
     if args.no_prefill:
         with open(args.json, "w") as f:

@@ -161,6 +161,7 @@ def main() -> None:
             lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"), p.nbytes, 10)
         row("top_k_top_p_sampling (reference: two sorts)", f"{b}x129280", 0.0,
             lambda: sampling.sample_from(sampling.filter_top_k_top_p(p, 50, 0.9, "joint"), None), p.nbytes, 10)
+    sampling_routes(dev)
     for n, hd in ((4096, 80), (16384, 128)):
         q = torch.randn(n, 16, hd, dtype=bf, device=dev)
         cu = torch.tensor([0, n], dtype=torch.int32, device=dev)
@@ -208,6 +209,26 @@ def _sampling_err(p: torch.Tensor) -> float:
         s = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint")
         bad += int((~keep[torch.arange(p.shape[0], device=p.device), s.long()]).sum())
     return bad / (20 * p.shape[0])
+
+
+def sampling_routes(dev: str) -> None:
+    """Eager top_k_top_p sampling (k=50, p=0.9) through each candidate route, per batch size: the data
+    behind sampling.TOPK_CANDIDATES_MIN_ROWS (eager is how SGLang samples: outside the CUDA graph)."""
+    keep = sampling.TOPK_CANDIDATES_MIN_ROWS
+    print("\n| batch | topk route eager (us) | sort route eager (us) | reference eager (us) |\n|---|---|---|---|")
+    try:
+        for b in (1, 4, 16, 64):
+            p = torch.softmax(torch.randn(b, 129280, device=dev), -1)
+            times = []
+            for rows in (0, 1 << 30):
+                sampling.TOPK_CANDIDATES_MIN_ROWS = rows
+                times.append(cuda_time(lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"),
+                                        20))
+            ref = cuda_time(lambda: sampling.sample_from(sampling.filter_top_k_top_p(p, 50, 0.9, "joint"), None), 20)
+            print(f"| {b} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} | {ref * 1e6:.1f} |", flush=True)
+    finally:
+        sampling.TOPK_CANDIDATES_MIN_ROWS = keep
+    print()
 
 
 def grammar_mask(b: int, words: int, dev: str) -> torch.Tensor:

@@ -14,7 +14,9 @@ if ls .whlserve/*.whl >/dev/null 2>&1; then
     && IGNORE=""
 fi
 echo "import winport.shimloader as _s; _s.install()" > "$SITE/sitecustomize.py"
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+# As `winport serve` sets it (winport/serve/command.py): with it on, SGLang's CUDA import of the DSV4
+# indexer pulls in deep_gemm.utils, which the port does not provide.
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 SGLANG_ENABLE_JIT_DEEPGEMM=0
 LOG=${OUT:-/tmp}/gpu_all.log
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -273,6 +273,61 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_gpu_gemv_chain_waits_for_its_input(graph: bool) -> None:
+    """A chain of M = 1 GEMVs, each fed by the previous one's output (quantized by torch kernels in
+    between), then two GEMVs writing one buffer back to back: with PDL a GEMV starts streaming its
+    weight while its predecessor runs, so a missing or misplaced wait would read a stale input or let
+    the earlier write land last. Eager and in a CUDA graph (where SGLang's decode runs)."""
+    from kernels_triton.fp8_gemm import gemv_pdl
+
+    dims = [5120, 4096, 1280, 5120, 1152, 6144, 5120]
+    ws = [make_inputs(1, n, k, 32, 32, seed=40 + i, device="cuda")[2:]
+          for i, (k, n) in enumerate(zip(dims, dims[1:], strict=False))]
+    other = make_inputs(1, dims[1], dims[0], 32, 32, seed=99, device="cuda")[2:]  # same shape as ws[0]
+    x0 = (torch.randn(1, dims[0], device="cuda") * 64).clamp(-448, 448).to(FP8)
+    s0 = torch.rand(1, dims[0] // 32, device="cuda") * 2e-3 + 1e-4
+    outs = [torch.empty(1, n, dtype=torch.bfloat16, device="cuda") for n in dims[1:]]
+    twice = torch.empty(1, dims[1], dtype=torch.bfloat16, device="cuda")
+
+    def quant(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = y.float().view(1, -1, 32)
+        sc = g.abs().amax(-1).clamp_min(1e-4) / 448.0
+        return (g / sc[..., None]).view(1, -1).to(FP8), sc
+
+    def chain() -> None:
+        x, sc = x0, s0
+        for (b, sb), o in zip(ws, outs, strict=True):
+            fp8_block_gemm(x, sc, b, sb, (32, 32), out=o)
+            x, sc = quant(o)
+        fp8_block_gemm(x0, s0, ws[0][0], ws[0][1], (32, 32), out=twice)
+        fp8_block_gemm(x0, s0, other[0], other[1], (32, 32), out=twice)  # this value must stay
+
+    def poison() -> None:
+        for o in (*outs, twice):
+            o.fill_(float("nan"))
+
+    if graph:
+        chain()  # compile outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        poison()
+        g.replay()
+    else:
+        poison()
+        chain()
+    torch.cuda.synchronize()
+    x, sc = x0, s0
+    for (b, sb), o in zip(ws, outs, strict=True):
+        assert_gemm_close(o, oracle(x, sc, b, sb, 32, 32))
+        x, sc = quant(o)  # the next input is quantized from what the kernel wrote, as in the chain
+    assert_gemm_close(twice, oracle(x0, s0, other[0], other[1], 32, 32))
+    print(f"PDL {'on' if gemv_pdl(torch.device('cuda')) else 'off'}")
+
+
+@pytest.mark.gpu
 def test_gpu_dequant_bf16_exact() -> None:
     """The prefill weight dequant at a V4.1 size equals fp32 dequant rounded to bf16, bit for bit."""
     from kernels_triton.fp8_gemm import dequant_bf16

@@ -444,6 +444,8 @@ GPU_CONSTEXPRS: dict[str, Callable[[Json], dict[str, Any]]] = {
     "kernels_triton.flash_attn:_fa_fwd_kernel": lambda e: {"UPCAST": e["signature"].get("q_ptr") == "*fp32"},
     # fp8_gemm.py: F32_DOT=TRITON_INTERPRET == "1"
     "kernels_triton.fp8_gemm:_fp8_block_gemm_kernel": lambda e: {"F32_DOT": False},
+    # fp8_gemm.py: PDL=gemv_pdl(device), False off CUDA; True on SM90+ (griddepcontrol must compile for sm_120)
+    "kernels_triton.fp8_gemm:_fp8_gemv_kernel": lambda e: {"PDL": True},
     # fp8_gemm.py: ROUND_BY_HAND=TRITON_INTERPRET == "1"
     "kernels_triton.fp8_gemm:_dequant_bf16_kernel": lambda e: {"ROUND_BY_HAND": False},
     # indexer.py / sparse_mla.py: DOT_F32=interpreting()
