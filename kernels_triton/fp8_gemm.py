@@ -506,10 +506,19 @@ def _pdl_supported(device: torch.device) -> bool:
         torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def gemv_pdl(device: torch.device) -> bool:
-    """Whether the M = 1 GEMV launches with PDL on `device`: where supported, unless
-    WINPORT_FP8_GEMV_PDL=0 (the benchmark's before/after switch)."""
-    return os.environ.get("WINPORT_FP8_GEMV_PDL", "1") != "0" and _pdl_supported(device)
+def gemv_pdl(device: torch.device, k: int, tiles: int) -> bool:
+    """Whether the M = 1 GEMV over K columns in `tiles` N tiles launches with PDL on `device`.
+
+    Where supported (`_pdl_supported`), for short rows (K <= 2048) or grids of >= 8 CTAs per SM. The
+    H200 run of 2026-11-30 (scripts/bench/RESULTS.md, "GEMV with programmatic dependent launch")
+    timed PDL faster there (25600x6144 42.5 -> 40.3 us, 16384x1280 9.2 -> 8.3, 4096x1280 4.1 -> 3.2,
+    5120x1152 equal) and slower on the long rows of the small grids (5120x4096 8.7 -> 10.4,
+    2304x5120 7.6 -> 8.9, 1792x5120 6.6 -> 8.3). WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
+    wherever supported (the benchmark's switches)."""
+    env = os.environ.get("WINPORT_FP8_GEMV_PDL", "1")
+    if env == "0" or not _pdl_supported(device):
+        return False
+    return env == "force" or k <= 2048 or tiles >= 8 * _num_sms(device)
 
 
 @functools.cache
@@ -611,7 +620,7 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
     cnt = _counters(a.device) if split > 1 else ws
     c_arg = c if c is not None else out
     if m == 1:
-        pdl = gemv_pdl(a.device)
+        pdl = gemv_pdl(a.device, k, tiles)
         _fp8_gemv_kernel[(tiles, split)](
             a, b, a_scale, b_scale, c_arg, out, ws, cnt,
             n, k, per, split,

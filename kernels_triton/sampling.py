@@ -230,8 +230,10 @@ def filter_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor | int, top_p: to
 
 TOPK_CANDIDATES_MAX = 1024  # rows all asking for top-k <= this take torch.topk instead of a full sort
 # Batches smaller than this sort without reading k back: the topk route's two host reads cost more
-# than they save when there are few rows to sort (set from the H200 timings in scripts/bench/ops.py).
-TOPK_CANDIDATES_MIN_ROWS = 1
+# than they save when there are few rows to sort. H200, eager, k=50 p=0.9 (scripts/bench/ops.py,
+# RESULTS.md 2026-11-30): topk route vs sort route 630 vs 517 us at batch 1, 686 vs 524 at 4,
+# 609 vs 673 at 16, 1090 vs 1262 at 64.
+TOPK_CANDIDATES_MIN_ROWS = 16
 
 
 def _rows_bounded_by_k(probs: torch.Tensor, k: torch.Tensor) -> int:

@@ -123,10 +123,11 @@ def scaled_mm_time(wts: Weights, m: int) -> float | None:
         return None
 
 
-def without_pdl(fn):
-    """fn() with the M = 1 GEMV launched without programmatic dependent launch (the "before")."""
+def pdl_mode(mode: str, fn):
+    """fn() with WINPORT_FP8_GEMV_PDL=mode ("0": the M = 1 GEMV without programmatic dependent
+    launch, "force": with it on every shape, "1": the shipped per-shape rule)."""
     old = os.environ.get("WINPORT_FP8_GEMV_PDL")
-    os.environ["WINPORT_FP8_GEMV_PDL"] = "0"
+    os.environ["WINPORT_FP8_GEMV_PDL"] = mode
     try:
         return fn()
     finally:
@@ -136,7 +137,7 @@ def without_pdl(fn):
             os.environ["WINPORT_FP8_GEMV_PDL"] = old
 
 
-def layer_sequence_time(pdl: bool, layers: int = 4) -> tuple[float, int]:
+def layer_sequence_time(mode: str, layers: int = 4) -> tuple[float, int]:
     """Milliseconds per layer of the seven M = 1 GEMVs run one after another in one CUDA graph, as a
     decode step issues them (each shape's own activation and output), over `layers` layers' distinct
     weights (~930 MB, so L2 never holds the next weight), and the bytes one layer reads."""
@@ -144,8 +145,7 @@ def layer_sequence_time(pdl: bool, layers: int = 4) -> tuple[float, int]:
     io = [(*act(1, k, 32), torch.empty(1, n, dtype=torch.bfloat16, device="cuda")) for n, k in SHAPES]
     calls = [lambda w=w, a=a: fp8_block_gemm(a[0], a[1], w.w[0], w.s[0], (32, 32), out=a[2])
              for layer in per_layer for w, a in zip(layer, io, strict=True)]
-    run = (lambda: graph_bench(calls)) if pdl else (lambda: without_pdl(lambda: graph_bench(calls)))
-    ms = run() * len(SHAPES)
+    ms = pdl_mode(mode, lambda: graph_bench(calls)) * len(SHAPES)
     nbytes = sum(w.nbytes() for w in per_layer[0])
     del per_layer
     torch.cuda.empty_cache()
@@ -203,7 +203,8 @@ def main() -> None:
         copies = max(2, int(3 * 60e6 // (n * k)) + 1)  # > 3x the 60 MB L2 per rotation
         wts = Weights(n, k, 32, 32, copies)
         ms = gemv_time(wts, 1, None)
-        nopdl_ms = without_pdl(lambda wts=wts: gemv_time(wts, 1, None))
+        nopdl_ms = pdl_mode("0", lambda wts=wts: gemv_time(wts, 1, None))
+        force_ms = pdl_mode("force", lambda wts=wts: gemv_time(wts, 1, None))
         best = (ms, "default " + str(default_gemv_config(n, k, 32, torch.device("cuda"))))
         before_ms = None
         if before is not None:
@@ -262,7 +263,7 @@ def main() -> None:
                 print(f"  M={m_} {n}x{k}: default {small[m_] * 1e3:.1f} us; sweep top 3: "
                       + "; ".join(f"{c} {t * 1e3:.1f}" for t, c in tops[:3]))
         nopdl_total += nopdl_ms
-        rows.append({"n": n, "k": k, "ms": ms, "no_pdl_ms": nopdl_ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
+        rows.append({"n": n, "k": k, "ms": ms, "no_pdl_ms": nopdl_ms, "pdl_ms": force_ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
                      "scaled_mm_ms_M16": smm, "bf16_matmul_ms_M1": bf_ms,
                      "best_sweep": best if args.sweep else None, "before_ms": before_ms,
                      **{f"ms_M{m}": t for m, t in small.items()},
@@ -270,7 +271,8 @@ def main() -> None:
         total_ms += ms
         total_bytes += wts.nbytes()
         print(f"GEMV M=1 {n:>6}x{k:<5}: {ms * 1e3:7.1f} us {gbps:6.0f} GB/s ({100 * gbps / copy_bw:4.1f}% of copy)"
-              f" | without PDL {nopdl_ms * 1e3:.1f} us ({100 * wts.nbytes() / nopdl_ms / 1e6 / copy_bw:.1f}%)"
+              f" | PDL off {nopdl_ms * 1e3:.1f} us ({100 * wts.nbytes() / nopdl_ms / 1e6 / copy_bw:.1f}%)"
+              f" | PDL on {force_ms * 1e3:.1f} us ({100 * wts.nbytes() / force_ms / 1e6 / copy_bw:.1f}%)"
               f" | before: {'n/a' if before_ms is None else f'{before_ms * 1e3:.1f} us'}"
               f" | M=2/4/8/16: {'/'.join(f'{small[m_] * 1e3:.1f}' for m_ in SMALL_M)} us"
               f" (tl.dot path M=2/4/8: {'/'.join(f'{dot_path[m_] * 1e3:.1f}' for m_ in (2, 4, 8))})"
@@ -298,12 +300,12 @@ def main() -> None:
     print(f"per layer without PDL: {nopdl_total * 1e3:.1f} us "
           f"({100 * total_bytes / nopdl_total / 1e6 / copy_bw:.1f}% of copy)")
     res["per_layer_no_pdl_ms"] = nopdl_total
-    for pdl in (True, False):
-        t, nbytes = layer_sequence_time(pdl)
-        print(f"layer sequence in one graph (the 7 shapes in turn, 4 layers' weights rotated), PDL {'on' if pdl else 'off'}: "
+    for mode, name in (("1", "shipped rule"), ("0", "off"), ("force", "on everywhere")):
+        t, nbytes = layer_sequence_time(mode)
+        print(f"layer sequence in one graph (the 7 shapes in turn, 4 layers' weights rotated), PDL {name}: "
               f"{t * 1e3:.1f} us per layer = {100 * nbytes / t / 1e6 / copy_bw:.1f}% of copy; "
               f"40 layers {t * LAYERS:.2f} ms")
-        res[f"layer_sequence_ms_pdl_{int(pdl)}"] = t
+        res[f"layer_sequence_ms_pdl_{mode}"] = t
 
     if args.no_prefill:
         with open(args.json, "w") as f:

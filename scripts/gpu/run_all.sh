@@ -14,9 +14,11 @@ if ls .whlserve/*.whl >/dev/null 2>&1; then
     && IGNORE=""
 fi
 echo "import winport.shimloader as _s; _s.install()" > "$SITE/sitecustomize.py"
-# As `winport serve` sets it (winport/serve/command.py): with it on, SGLang's CUDA import of the DSV4
-# indexer pulls in deep_gemm.utils, which the port does not provide.
-export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1 SGLANG_ENABLE_JIT_DEEPGEMM=0
+export PYTHONPATH="$SITE:$PWD" PYTHONUNBUFFERED=1
+# SGLang's switches as `winport serve` sets them (winport/serve/command.py): without them SGLang's CUDA
+# import of the DSV4 indexer pulls in deep_gemm.utils and flashinfer submodules the port does not have.
+eval "$(python3 -c 'from winport.serve.command import sglang_switches as s
+print("\n".join(f"export {k}={v}" for k, v in s("cuda").items()))')"
 LOG=${OUT:-/tmp}/gpu_all.log
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -26,5 +28,6 @@ LOG=${OUT:-/tmp}/gpu_all.log
   case "${1:-}" in --bench) B=ops,attn,gemm ;; --bench=*) B=${1#--bench=} ;; *) B= ;; esac
   case ",$B," in *,ops,*) timeout "${T_OPS:-150}" python3 scripts/bench/ops.py ;; esac
   case ",$B," in *,attn,*) timeout "${T_ATTN:-150}" python3 scripts/bench/attention.py ;; esac
-  case ",$B," in *,gemm,*) timeout "${T_GEMM:-200}" python3 scripts/bench/gemm.py ;; esac
+  # shellcheck disable=SC2086  # GEMM_ARGS (e.g. --no-prefill) is meant to split
+  case ",$B," in *,gemm,*) timeout "${T_GEMM:-200}" python3 scripts/bench/gemm.py ${GEMM_ARGS:-} ;; esac
 } 2>&1 | tee "$LOG"

@@ -274,13 +274,14 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_gpu_gemv_chain_waits_for_its_input(graph: bool) -> None:
+def test_gpu_gemv_chain_waits_for_its_input(graph: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A chain of M = 1 GEMVs, each fed by the previous one's output (quantized by torch kernels in
     between), then two GEMVs writing one buffer back to back: with PDL a GEMV starts streaming its
     weight while its predecessor runs, so a missing or misplaced wait would read a stale input or let
     the earlier write land last. Eager and in a CUDA graph (where SGLang's decode runs)."""
     from kernels_triton.fp8_gemm import gemv_pdl
 
+    monkeypatch.setenv("WINPORT_FP8_GEMV_PDL", "force")  # PDL on every shape of the chain, where supported
     dims = [5120, 4096, 1280, 5120, 1152, 6144, 5120]
     ws = [make_inputs(1, n, k, 32, 32, seed=40 + i, device="cuda")[2:]
           for i, (k, n) in enumerate(zip(dims, dims[1:], strict=False))]
@@ -324,7 +325,8 @@ def test_gpu_gemv_chain_waits_for_its_input(graph: bool) -> None:
         assert_gemm_close(o, oracle(x, sc, b, sb, 32, 32))
         x, sc = quant(o)  # the next input is quantized from what the kernel wrote, as in the chain
     assert_gemm_close(twice, oracle(x0, s0, other[0], other[1], 32, 32))
-    print(f"PDL {'on' if gemv_pdl(torch.device('cuda')) else 'off'}")
+    print("PDL on for", [(k, n) for k, n in zip(dims, dims[1:], strict=False)
+                         if gemv_pdl(torch.device("cuda"), k, -(-n // 8))])
 
 
 @pytest.mark.gpu

@@ -130,6 +130,36 @@ def test_sampling_gpu(config: tuple[int, int, int, bool] | None) -> None:
     assert _top_k_mask(p, 50)[torch.arange(64, device="cuda"), s.long()].all()
 
 
+@pytest.fixture(autouse=True)
+def _topk_route_at_test_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests use a few rows; the shipped threshold would send them all to the sort route, so the
+    topk route is opened to any batch here (test_small_batches_sort_without_host_reads checks the
+    threshold itself)."""
+    monkeypatch.setattr(sampling, "TOPK_CANDIDATES_MIN_ROWS", 1)
+
+
+def test_small_batches_sort_without_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the shipped TOPK_CANDIDATES_MIN_ROWS a batch takes the full sort before any value is read
+    back to the host; from it on, the topk candidates; both filter as the reference does."""
+    monkeypatch.undo()
+    rows = sampling.TOPK_CANDIDATES_MIN_ROWS
+    assert rows > 1
+    torch.manual_seed(4)
+    for b, whole in ((rows - 1, True), (rows, False)):
+        probs = torch.softmax(torch.randn(b, 5000) * 3, -1)
+        k = torch.full((b,), 40)
+        reads = []
+        real_tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or real_tolist(t))
+        assert sampling._descending_candidates(probs, k)[2] == whole
+        monkeypatch.undo()
+        assert bool(reads) != whole
+        q, idx = sampling.top_k_top_p_candidates(probs, k, 0.9, "joint")
+        got = _on_vocab(q, idx, 5000)
+        ref = sampling.filter_top_k_top_p(probs, k, 0.9, "joint")
+        assert torch.equal(got > 0, ref > 0)
+
+
 def _on_vocab(q: torch.Tensor, idx: torch.Tensor, v: int) -> torch.Tensor:
     return torch.zeros(q.shape[0], v).scatter_(1, idx, q)
 
