@@ -229,20 +229,22 @@ def filter_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor | int, top_p: to
 
 
 TOPK_CANDIDATES_MAX = 1024  # rows all asking for top-k <= this take torch.topk instead of a full sort
-# Batches smaller than this sort without reading k back: the topk route's two host reads cost more
-# than they save when there are few rows to sort. H200, eager, k=50 p=0.9 (scripts/bench/ops.py,
-# RESULTS.md 2026-11-30): topk route vs sort route 630 vs 517 us at batch 1, 686 vs 524 at 4,
-# 609 vs 673 at 16, 1090 vs 1262 at 64.
-TOPK_CANDIDATES_MIN_ROWS = 16
+# Per device type, batches smaller than this sort without reading k back. On CUDA the topk route's
+# two host reads (each a stream sync) cost more than they save when there are few rows to sort. H200,
+# eager, k=50 p=0.9 (scripts/bench/ops.py, RESULTS.md 2026-11-30): topk route vs sort route 630 vs
+# 517 us at batch 1, 686 vs 524 at 4, 609 vs 673 at 16, 1090 vs 1262 at 64. On the CPU a host read
+# costs nothing, so every batch takes the topk route (device types not listed: 1 row).
+TOPK_CANDIDATES_MIN_ROWS: dict[str, int] = {"cuda": 16}
 
 
 def _rows_bounded_by_k(probs: torch.Tensor, k: torch.Tensor) -> int:
     """How many candidates per row `torch.topk` returns (twice the largest k plus 16: room for ties),
     or 0 when a full sort is needed: a row keeps all (k <= 0 or k >= V), k exceeds
-    TOPK_CANDIDATES_MAX, the batch is under TOPK_CANDIDATES_MIN_ROWS, or a CUDA graph is being
-    captured (these checks read values back to the host)."""
+    TOPK_CANDIDATES_MAX, the batch is under its device's TOPK_CANDIDATES_MIN_ROWS, or a CUDA graph is
+    being captured (these checks read values back to the host)."""
     b, v = probs.shape
-    if b < max(1, TOPK_CANDIDATES_MIN_ROWS) or (probs.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if b < max(1, TOPK_CANDIDATES_MIN_ROWS.get(probs.device.type, 1)) or (
+            probs.is_cuda and torch.cuda.is_current_stream_capturing()):
         return 0
     kmax, kmin = (int(x) for x in torch.stack([k.max(), k.min()]).tolist())
     if kmin <= 0 or kmax >= v or kmax > TOPK_CANDIDATES_MAX:

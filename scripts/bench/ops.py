@@ -221,7 +221,7 @@ def sampling_routes(dev: str) -> None:
             p = torch.softmax(torch.randn(b, 129280, device=dev), -1)
             times = []
             for rows in (0, 1 << 30):
-                sampling.TOPK_CANDIDATES_MIN_ROWS = rows
+                sampling.TOPK_CANDIDATES_MIN_ROWS = {"cuda": rows}
                 times.append(cuda_time(lambda: fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint"),
                                         20))
             ref = cuda_time(lambda: sampling.sample_from(sampling.filter_top_k_top_p(p, 50, 0.9, "joint"), None), 20)

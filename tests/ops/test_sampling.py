@@ -132,27 +132,30 @@ def test_sampling_gpu(config: tuple[int, int, int, bool] | None) -> None:
 
 @pytest.fixture(autouse=True)
 def _topk_route_at_test_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests use a few rows; the shipped threshold would send them all to the sort route, so the
-    topk route is opened to any batch here (test_small_batches_sort_without_host_reads checks the
-    threshold itself)."""
-    monkeypatch.setattr(sampling, "TOPK_CANDIDATES_MIN_ROWS", 1)
+    """These tests use a few rows; on CUDA the shipped threshold would send them all to the sort route,
+    so the topk route is opened to any batch here (test_small_batches_sort_without_host_reads checks
+    the threshold itself)."""
+    monkeypatch.setattr(sampling, "TOPK_CANDIDATES_MIN_ROWS", {})
 
 
 def test_small_batches_sort_without_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Under the shipped TOPK_CANDIDATES_MIN_ROWS a batch takes the full sort before any value is read
-    back to the host; from it on, the topk candidates; both filter as the reference does."""
+    """A batch under its device's TOPK_CANDIDATES_MIN_ROWS takes the full sort before any value is
+    read back to the host; from it on, the topk candidates; both filter as the reference does. Shipped:
+    16 rows on CUDA (host reads are stream syncs there), none on the CPU (checked here with a CPU
+    threshold put in for the test)."""
     monkeypatch.undo()
-    rows = sampling.TOPK_CANDIDATES_MIN_ROWS
-    assert rows > 1
+    assert sampling.TOPK_CANDIDATES_MIN_ROWS.get("cuda", 1) > 1 and "cpu" not in sampling.TOPK_CANDIDATES_MIN_ROWS
+    rows = sampling.TOPK_CANDIDATES_MIN_ROWS["cuda"]
+    monkeypatch.setattr(sampling, "TOPK_CANDIDATES_MIN_ROWS", {"cpu": rows})
     torch.manual_seed(4)
     for b, whole in ((rows - 1, True), (rows, False)):
         probs = torch.softmax(torch.randn(b, 5000) * 3, -1)
         k = torch.full((b,), 40)
-        reads = []
+        reads: list[int] = []
         real_tolist = torch.Tensor.tolist
-        monkeypatch.setattr(torch.Tensor, "tolist", lambda t, reads=reads, f=real_tolist: reads.append(1) or f(t))
-        assert sampling._descending_candidates(probs, k)[2] == whole
-        monkeypatch.undo()
+        with monkeypatch.context() as spy:
+            spy.setattr(torch.Tensor, "tolist", lambda t, reads=reads, f=real_tolist: reads.append(1) or f(t))
+            assert sampling._descending_candidates(probs, k)[2] == whole
         assert bool(reads) != whole
         q, idx = sampling.top_k_top_p_candidates(probs, k, 0.9, "joint")
         got = _on_vocab(q, idx, 5000)
