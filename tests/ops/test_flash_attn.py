@@ -110,3 +110,31 @@ def test_varlen_gpu(causal: bool) -> None:
     out = flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal)
     ro, _ = fa.attention_ref(q, k, v, cu, cu_seqlens_k=cu, causal=causal)
     torch.testing.assert_close(out.float(), ro.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal,window", [(True, (-1, -1)), (False, (-1, -1)), (True, (256, 0))])
+def test_with_kvcache_paged_gpu(causal: bool, window: tuple[int, int]) -> None:
+    """flash_attn_with_kvcache on the GPU, as the fa3 backend calls it: a paged cache (pages of 64), GQA
+    (32 q heads over 4 kv heads, head dim 128), decode (1 query) and a short extend (5 queries) over
+    contexts up to ~3000 tokens, with and without a sliding window; fp64 reference per sequence."""
+    torch.manual_seed(11)
+    bsz, hq, hk, d, page = 4, 32, 4, 128, 64
+    seqlens = torch.tensor([5, 700, 2999, 64], dtype=torch.int32)
+    per = -(-int(seqlens.max()) // page)
+    n_pages = bsz * per + 3
+    pt = torch.randperm(n_pages)[: bsz * per].view(bsz, per).to(torch.int32)
+    kc = torch.randn(n_pages, page, hk, d, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    for sq in (1, 5):
+        q = torch.randn(bsz, sq, hq, d, dtype=torch.bfloat16)
+        out = flash_attn_with_kvcache(q.cuda(), kc.cuda(), vc.cuda(), cache_seqlens=seqlens.cuda(),
+                                      page_table=pt.cuda(), causal=causal, window_size=window)
+        assert out.is_cuda and not torch.isnan(out).any()
+        out = out.cpu()
+        for b in range(bsz):
+            pos = torch.arange(int(seqlens[b]))
+            rows = pt[b, pos // page].long() * page + pos % page
+            kb, vb = kc.view(-1, hk, d)[rows], vc.view(-1, hk, d)[rows]
+            ro, _ = _naive(q[b], kb, vb, causal, window, 0.0)
+            torch.testing.assert_close(out[b].double(), ro, atol=2e-2, rtol=2e-2)

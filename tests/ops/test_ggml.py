@@ -64,3 +64,24 @@ def test_ggml_matmuls(name: str) -> None:
     out = ggml_moe_a8(x, experts, sorted_ids, torch.tensor([0, 1], dtype=torch.int32),
                       torch.tensor([8], dtype=torch.int32), qt, 16, 2, 3)
     torch.testing.assert_close(out, ref, atol=1e-2, rtol=4e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TYPES)
+def test_ggml_gpu(name: str) -> None:
+    """On CUDA tensors, at a V4.1 dense shape (2304 x 5120): ggml_dequantize against gguf-py's numpy
+    dequantizer, and the vector and batched GGUF matmuls against dequantize-then-matmul."""
+    qt = int(GGMLQuantizationType[name])
+    raw = _random_blocks(name, 2304, 5120)
+    ref = torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType[name])).float()
+    w_raw = torch.from_numpy(raw).cuda()
+    w = ggml_dequantize(w_raw, qt, 2304, 5120, torch.float32)
+    assert w.is_cuda and not torch.isnan(w).any()
+    torch.testing.assert_close(w.cpu(), ref, atol=1e-2, rtol=4e-2)
+    x = torch.randn(4, 5120, device="cuda")
+    want = x.double() @ ref.cuda().double().T
+    for fn in (ggml_mul_mat_vec_a8, ggml_mul_mat_a8):
+        got = fn(w_raw, x, qt, 2304)
+        assert got.is_cuda and not torch.isnan(got).any()
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel < 1e-2, f"{fn.__name__} {name}: relative error {rel:.2e}"

@@ -57,3 +57,14 @@ def test_merge_state_gpu() -> None:
     v_ref, s_ref = _ref(va, sa, vb, sb, False)
     assert_no_nan_close(v, v_ref, 1e-2, 1e-2)
     assert_no_nan_close(s, s_ref, 1e-3, 1e-3)
+
+
+@pytest.mark.gpu
+def test_flashinfer_merge_state_gpu() -> None:
+    """flashinfer.cascade.merge_state (base-2 LSE) at a decode-batch size on the GPU."""
+    va, vb = (torch.randn(4096, 64, 512, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    sa, sb = torch.randn(4096, 64, device="cuda") * 3, torch.randn(4096, 64, device="cuda") * 3
+    v, s = flashinfer.cascade.merge_state(va, sa, vb, sb)
+    v_ref, s_ref = _ref(va, sa, vb, sb, True)
+    assert_no_nan_close(v, v_ref, 1e-2, 1e-2)
+    assert_no_nan_close(s, s_ref, 1e-3, 1e-3)

@@ -14,14 +14,27 @@ from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
 @pytest.mark.parametrize("tokens,topk,experts,block", [(1, 6, 64, 16), (33, 2, 160, 32), (64, 6, 384, 64)])
 @pytest.mark.parametrize("pad", [True, False])
 def test_moe_align_block_size(tokens: int, topk: int, experts: int, block: int, pad: bool) -> None:
-    ids = torch.argsort(torch.rand(tokens, experts), dim=1)[:, :topk].to(torch.int32)
+    _check_align(tokens, topk, experts, block, pad, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 8192])
+def test_moe_align_block_size_gpu(tokens: int) -> None:
+    """V4.1-Flash sizes on the GPU: 384 experts (+1 bucket), top-6, blocks of 64."""
+    _check_align(tokens, 6, 384, 64, True, "cuda")
+
+
+def _check_align(tokens: int, topk: int, experts: int, block: int, pad: bool, device: str) -> None:
+    """Run the shim on random distinct top-k ids and check every expert's padded segment against a count."""
+    ids = torch.argsort(torch.rand(tokens, experts), dim=1)[:, :topk].to(torch.int32).to(device)
     n = experts + 1
     max_pad = ids.numel() + n * (block - 1)
-    sorted_ids = torch.full((max_pad,), -7 if pad else ids.numel(), dtype=torch.int32)
-    exp_ids = torch.zeros(max_pad // block + 1, dtype=torch.int32)
-    post = torch.empty(1, dtype=torch.int32)
-    cums = torch.empty(n + 1, dtype=torch.int32)
+    sorted_ids = torch.full((max_pad,), -7 if pad else ids.numel(), dtype=torch.int32, device=device)
+    exp_ids = torch.zeros(max_pad // block + 1, dtype=torch.int32, device=device)
+    post = torch.empty(1, dtype=torch.int32, device=device)
+    cums = torch.empty(n + 1, dtype=torch.int32, device=device)
     sgl_kernel.moe_align_block_size(ids, n, block, sorted_ids, exp_ids, post, cums, pad)
+    ids, sorted_ids, exp_ids, post = ids.cpu(), sorted_ids.cpu(), exp_ids.cpu(), post.cpu()
     counts = torch.bincount(ids.view(-1).long(), minlength=experts)
     padded = (counts + block - 1) // block * block
     assert int(post) == int(padded.sum())

@@ -68,3 +68,18 @@ def test_group_quant_gpu() -> None:
     y_ref, s_ref = _ref(x, 128, 448.0, False)
     torch.testing.assert_close(s, s_ref, rtol=1e-3, atol=1e-5)
     torch.testing.assert_close(q.float().view(4096, -1, 128), y_ref, rtol=0.0625, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_per_token_and_per_tensor_fp8_gpu() -> None:
+    """Per-token and per-tensor FP8 quantization at a prefill size (8192 x 5120) on the GPU."""
+    x = torch.randn(8192, 5120, dtype=torch.bfloat16, device="cuda") * 4
+    q = torch.empty(8192, 5120, dtype=FP8, device="cuda")
+    s = torch.full((8192, 1), float("nan"), device="cuda")
+    sgl_kernel.sgl_per_token_quant_fp8(x, q, s)
+    torch.testing.assert_close(s.view(-1), x.float().abs().amax(-1) / 448.0, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(q.float() * s, x.float(), rtol=0.0625, atol=1e-2)
+    st = torch.full((1,), float("nan"), device="cuda")
+    sgl_kernel.sgl_per_tensor_quant_fp8(x, q, st, False)
+    torch.testing.assert_close(st, x.float().abs().amax().view(1) / 448.0, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(q.float() * st, x.float(), rtol=0.0625, atol=2e-2)

@@ -226,3 +226,26 @@ def test_top_k_top_p_sampling_keeps_the_top_token_when_top_p_is_tiny() -> None:
     for order in ("joint", "top_k_first"):
         s = fs.top_k_top_p_sampling_from_probs(probs, 30, 1e-9, filter_apply_order=order)
         assert torch.equal(s.long(), probs.argmax(-1))
+
+
+@pytest.mark.gpu
+def test_renorm_min_p_and_both_sampling_routes_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the vocabulary size on the GPU: top-k / top-p renorm against the sort references (upstream's
+    1e-3), min-p samples inside their support, and top-k/top-p sampling inside the top-k support on
+    both candidate routes (the shipped threshold: 4 rows sort, 64 rows take torch.topk)."""
+    monkeypatch.undo()  # the shipped TOPK_CANDIDATES_MIN_ROWS
+    torch.manual_seed(7)
+    p = torch.softmax(torch.randn(64, 129280, device="cuda") * 3, -1)
+    ref = torch.where(_top_k_mask(p, 50), p, 0.0)
+    assert_no_nan_close(sgl_kernel.top_k_renorm_prob(p, 50), ref / ref.sum(-1, keepdim=True), 1e-3, 1e-3)
+    ref = torch.where(_top_p_mask(p, 0.9), p, 0.0)
+    assert_no_nan_close(sgl_kernel.top_p_renorm_prob(p, 0.9), ref / ref.sum(-1, keepdim=True), 1e-3, 1e-3)
+    s = fs.min_p_sampling_from_probs(p, 0.1)
+    rows = torch.arange(64, device="cuda")
+    assert (p[rows, s.long()] >= 0.1 * p.max(-1).values).all()
+    for b in (4, 64):
+        whole = sampling._descending_candidates(p[:b], torch.full((b,), 50, device="cuda"))[2]
+        assert whole == (b < sampling.TOPK_CANDIDATES_MIN_ROWS["cuda"])
+        for order in ("joint", "top_k_first"):
+            s = fs.top_k_top_p_sampling_from_probs(p[:b], 50, 0.9, filter_apply_order=order)
+            assert s.dtype == torch.int32 and _top_k_mask(p[:b], 50)[rows[:b], s.long()].all()
