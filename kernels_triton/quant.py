@@ -16,14 +16,17 @@ import triton.language as tl
 
 @triton.jit
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, x_stride, q_stride, s_stride_row, s_stride_grp, eps,
-                        qmin, qmax, GROUP: tl.constexpr, GBLOCK: tl.constexpr, UE8M0: tl.constexpr,
-                        IS_INT: tl.constexpr):
+                        qmin, qmax, GROUP: tl.constexpr, CBLOCK: tl.constexpr, GBLOCK: tl.constexpr,
+                        UE8M0: tl.constexpr, IS_INT: tl.constexpr):
+    # CBLOCK: GROUP rounded up to a power of two (tl.arange needs one; per-token quantization makes
+    # the whole row one group, e.g. 5120); the padding lanes are masked off and read as 0.
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1) * GBLOCK + tl.arange(0, GBLOCK)
-    c = tl.arange(0, GROUP)
+    c = tl.arange(0, CBLOCK)
+    m = (g < n_groups)[:, None] & (c < GROUP)[None, :]
     gm = g < n_groups
     offs = g[:, None] * GROUP + c[None, :]
-    x = tl.load(x_ptr + row * x_stride + offs, mask=gm[:, None], other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_stride + offs, mask=m, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), eps)
     s = amax / qmax
     if UE8M0:
@@ -34,7 +37,7 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, n_groups, x_stride, q_stride, s_str
         # Round half away from zero like the CUDA cast path (rintf would be half-to-even;
         # the difference only shows on exact .5 ties, which random inputs never hit).
         y = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5))
-    tl.store(q_ptr + row * q_stride + offs, y.to(q_ptr.dtype.element_ty), mask=gm[:, None])
+    tl.store(q_ptr + row * q_stride + offs, y.to(q_ptr.dtype.element_ty), mask=m)
     tl.store(s_ptr + row * s_stride_row + g * s_stride_grp, s, mask=gm)
 
 
@@ -61,10 +64,11 @@ def group_quant_triton(x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, group_
         # Triton 3.8's interpreter rounds fp32 -> fp8 wrongly when rounding carries into the exponent
         # (-127.76 -> -64); on CPU the kernel writes fp32 and torch does the (correct) final cast.
         q_dst = torch.empty(q2.shape, dtype=torch.float32)
-    gblock = max(1, min(triton.next_power_of_2(n_groups), 4096 // group_size))
+    cblock = triton.next_power_of_2(group_size)
+    gblock = max(1, min(triton.next_power_of_2(n_groups), 4096 // cblock))
     _group_quant_kernel[(rows, triton.cdiv(n_groups, gblock))](
         x2, q_dst, s2, n_groups, x2.stride(0), q_dst.stride(0), s2.stride(0), s2.stride(1), float(eps),
-        float(qmin), float(qmax), GROUP=group_size, GBLOCK=gblock, UE8M0=bool(ue8m0),
+        float(qmin), float(qmax), GROUP=group_size, CBLOCK=cblock, GBLOCK=gblock, UE8M0=bool(ue8m0),
         IS_INT=q.dtype == torch.int8)
     if q_dst is not q2:
         q2.copy_(q_dst.to(q.dtype))

@@ -47,6 +47,20 @@ def test_group_quant(path: str, dtype: torch.dtype, ue8m0: bool, col_major: bool
     torch.testing.assert_close(deq, y_ref.clamp(qmin, qmax), rtol=tol[0], atol=tol[1] + 1e-3)
 
 
+@pytest.mark.parametrize("h,g", [(640, 640), (480, 96)])
+def test_group_quant_triton_group_not_a_power_of_two(h: int, g: int) -> None:
+    """Groups that are not a power of two (per-token quantization makes the whole row one group, e.g.
+    hidden 5120) through the Triton kernel: tl.arange needs a power of two, so the group is padded
+    and masked (the recorded specialization is compiled for sm_90 / sm_120 by test_triton_compile)."""
+    x = torch.randn(7, h, dtype=torch.bfloat16) * 4
+    q = torch.empty(7, h, dtype=FP8)
+    s = poisoned(7, h // g)
+    quant.group_quant_triton(x, q, s, g, 1e-10, -448.0, 448.0)
+    y_ref, s_ref = _ref(x, g, 448.0, False)
+    torch.testing.assert_close(s, s_ref, rtol=1e-3, atol=1e-5)
+    torch.testing.assert_close(q.float().view(7, -1, g), y_ref, rtol=0.0625, atol=1e-3)
+
+
 def test_per_token_and_per_tensor_fp8() -> None:
     x = torch.randn(6, 256, dtype=torch.bfloat16)
     q = torch.empty(6, 256, dtype=FP8)
