@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
     ap.add_argument("--no-prefill", action="store_true", help="skip the M=2048 part")
     ap.add_argument("--prefill-sweep", action="store_true", help="try the M=2048 GEMM configs too")
+    ap.add_argument("--sweep-tiles", default="",
+                    help="M=1 sweep tiles as BLOCK_NxBLOCK_K,... (default: the 2026-11-29 sweep's seven)")
     ap.add_argument("--sweep-m", action="store_true", help="sweep the multi-row GEMV (M = 2, 4, 8) K step / warps")
     ap.add_argument("--baseline", action="store_true",
                     help="also time scripts/bench/_fp8_gemm_before.py's GEMV (the previous kernel), if present")
@@ -175,6 +177,8 @@ def main() -> None:
     # M = 1 GEMV sweep: (block_n, block_k) x warps x (no split, ~4 CTAs/SM of splits); the split
     # count is a runtime argument, so only split-or-not doubles the compiles.
     sweep_tiles = [(8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)]
+    if args.sweep_tiles:
+        sweep_tiles = [tuple(int(v) for v in t.split("x")) for t in args.sweep_tiles.split(",")]
     sweep_cfgs = [(bn_, bk_, w) for bn_, bk_ in sweep_tiles for w in (4, 8)] if args.sweep else []
     sweep_hist: dict = {}
     before = None
