@@ -469,13 +469,17 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Launch configuration of the M = 1 GEMV kernel (`_fp8_gemv_kernel`)."""
+    """Launch configuration of the GEMV kernels (`_fp8_gemv_kernel`, `_fp8_gemv_multi_kernel`).
+
+    pdl (M = 1 only): launch with programmatic dependent launch where the GPU supports it; None lets
+    `gemv_pdl`'s shape rule decide."""
 
     block_n: int
     block_k: int
     split_k: int
     num_warps: int
     num_stages: int
+    pdl: bool | None = None
 
 
 _COUNTER_SLOTS = 1 << 16
@@ -506,10 +510,11 @@ def _pdl_supported(device: torch.device) -> bool:
         torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def gemv_pdl(device: torch.device, k: int, tiles: int) -> bool:
+def gemv_pdl(device: torch.device, k: int, tiles: int, choice: bool | None = None) -> bool:
     """Whether the M = 1 GEMV over K columns in `tiles` N tiles launches with PDL on `device`.
 
-    Where supported (`_pdl_supported`), for short rows (K <= 2048) or grids of >= 8 CTAs per SM. The
+    Where supported (`_pdl_supported`): `choice` when the config says (GemvConfig.pdl), else for
+    short rows (K <= 2048) or grids of >= 8 CTAs per SM. The
     H200 run of 2026-11-30 (scripts/bench/RESULTS.md, "GEMV with programmatic dependent launch")
     timed PDL faster there (25600x6144 42.5 -> 40.3 us, 16384x1280 9.2 -> 8.3, 4096x1280 4.1 -> 3.2,
     5120x1152 equal) and slower on the long rows of the small grids (5120x4096 8.7 -> 10.4,
@@ -518,7 +523,9 @@ def gemv_pdl(device: torch.device, k: int, tiles: int) -> bool:
     env = os.environ.get("WINPORT_FP8_GEMV_PDL", "1")
     if env == "0" or not _pdl_supported(device):
         return False
-    return env == "force" or k <= 2048 or tiles >= 8 * _num_sms(device)
+    if env == "force":
+        return True
+    return choice if choice is not None else (k <= 2048 or tiles >= 8 * _num_sms(device))
 
 
 @functools.cache
@@ -563,6 +570,17 @@ GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernels take (with a
 # 71.9 vs 79.0 us); at M = 2 with K = 1280 and at M >= 4 it lost (M = 4: 127 vs 79 us, it is
 # compute-bound: every row re-converts the fp8 weight tile), so those keep the tl.dot path.
 GEMV_MULTI_DEFAULT_MIN_K = 4096
+# M = 1 tiles for the V4.1-Flash dense shapes where the H200 tile sweep of 2026-11-30 (scripts/bench/
+# gemm.py --sweep --sweep-tiles ..., RESULTS.md "GEMV tiles for the small grids") beat the general rule
+# below, (N, K) -> (block_n, block_k, warps, pdl). They share a cause: with 8-row tiles these shapes
+# give under ~5 CTAs per SM that each stream K in 2-3 dependent steps; narrower N tiles and K steps
+# covering the row put more of the weight in flight at once. pdl is what the sweep ran with.
+GEMV_M1_TUNED = {
+    (5120, 4096): (4, 4096, 4, True),  # 8.8 -> 7.4 us
+    (5120, 1152): (4, 2048, 4, True),  # 4.5 -> 3.7 us
+    (2304, 5120): (2, 8192, 4, True),  # 7.7 -> 5.8 us
+    (1792, 5120): (4, 1024, 8, False),  # 6.6 -> 5.8 us
+}
 
 
 def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 1) -> GemvConfig | None:
@@ -570,7 +588,8 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     (scale rows narrower than 8, M > 2, or M = 2 with K < GEMV_MULTI_DEFAULT_MIN_K).
 
     M = 1, from the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework",
-    2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes: 8-row N tiles;
+    2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes of the tiles it tried
+    (GEMV_M1_TUNED overrides it for four of them since a wider sweep on 2026-11-30): 8-row N tiles;
     K >= 4608 -> 2048-wide K steps with 4 warps, else 512-wide with 8 warps; no split-K (the
     arrival-counter epilogue cost more than it gained on every shape). M = 2: 8 warps, 1024-wide K
     steps (the [2, 8, 1024] product is 64 values per thread). Split-K only where the N tiles alone
@@ -582,6 +601,9 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     if bn < 8 or bn % 8 or m > 2 or (m == 2 and k < GEMV_MULTI_DEFAULT_MIN_K):
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
+    tuned = GEMV_M1_TUNED.get((n, k)) if m == 1 else None
+    if tuned is not None and bn % tuned[0] == 0:
+        return GemvConfig(tuned[0], tuned[1], 1, tuned[2], 1, tuned[3])
     block_n = 8
     if m > 1:
         block_k, warps = min(1024, 2048 // triton.next_power_of_2(m)), 8
@@ -620,7 +642,7 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
     cnt = _counters(a.device) if split > 1 else ws
     c_arg = c if c is not None else out
     if m == 1:
-        pdl = gemv_pdl(a.device, k, tiles)
+        pdl = gemv_pdl(a.device, k, tiles, cfg.pdl)
         _fp8_gemv_kernel[(tiles, split)](
             a, b, a_scale, b_scale, c_arg, out, ws, cnt,
             n, k, per, split,

@@ -143,6 +143,9 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_ragged_k_split_32", 1, 40, 1060, 32, 32, GemvConfig(8, 256, 2, 4, 1)),
     ("gemv_vec8", 1, 24, 200, 8, 8, GemvConfig(8, 64, 1, 4, 1)),
     ("gemv_default_few_tiles_32", 1, 16, 2000, 32, 32, None),
+    # the narrow tiles of GEMV_M1_TUNED: 4 and 2 rows, one K step wider than the row (masked)
+    ("gemv_bn4_one_step_32", 1, 44, 1060, 32, 32, GemvConfig(4, 2048, 1, 4, 1)),
+    ("gemv_bn2_one_step_32", 1, 22, 1184, 32, 32, GemvConfig(2, 2048, 1, 4, 1)),
     # 2..8 activation rows (_fp8_gemv_multi_kernel): exact power of two, padded rows (3 -> 4,
     # 5 -> 8) with split-K, 128-wide groups, 8 rows, and the default config (M = 2, K >= 4096)
     ("gemv_m2_32", 2, 72, 1248, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
@@ -211,7 +214,8 @@ def interp_results() -> dict:
                                   "fp8dot_32_prefill", "default_cfg_32", "dequant_matmul_32",
                                   "accum_colmajor", "einsum", "gemv_32", "gemv_split_32", "gemv_split_128",
                                   "gemv_default_32", "gemv_accum_colmajor", "gemv_ragged_k_split_32",
-                                  "gemv_vec8", "gemv_default_few_tiles_32", "gemv_m2_32", "gemv_m3_split_32",
+                                  "gemv_vec8", "gemv_default_few_tiles_32", "gemv_bn4_one_step_32",
+                                  "gemv_bn2_one_step_32", "gemv_m2_32", "gemv_m3_split_32",
                                   "gemv_m5_split_128", "gemv_m8_32", "gemv_default_m2_32",
                                   "gemv_m3_accum_colmajor"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
@@ -231,6 +235,14 @@ def test_default_gemv_dispatch() -> None:
     assert default_gemv_config(16384, 1280, 32, cpu, m=2) is None
     assert default_gemv_config(25600, 6144, 32, cpu, m=4) is None
     assert default_gemv_config(25600, 6144, 1, cpu) is None
+    # the H200-tuned tiles of four V4.1-Flash shapes (M = 1 only; a 4-row tile needs scale rows of 4k)
+    from kernels_triton.fp8_gemm import GEMV_M1_TUNED, GemvConfig
+
+    assert default_gemv_config(2304, 5120, 32, cpu) == GemvConfig(2, 8192, 1, 4, 1, True)
+    for (n, k), (bn_, bk_, warps, pdl) in GEMV_M1_TUNED.items():
+        assert default_gemv_config(n, k, 32, cpu) == GemvConfig(bn_, bk_, 1, warps, 1, pdl)
+        assert default_gemv_config(n, k, 8, cpu).block_n == bn_  # 8 % 4 and 8 % 2 == 0
+        assert default_gemv_config(n, k, 32, cpu, m=2) is None or default_gemv_config(n, k, 32, cpu, m=2).block_n == 8
 
 
 def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
@@ -262,8 +274,8 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
     a, sa, b, sb = make_inputs(m, n, k, 32, 32, seed=n + k + m, device="cuda")
     ref = oracle(a, sa, b, sb, 32, 32)
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    tiles = ((8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)) if m == 1 else \
-        ((8, 256), (8, 512), (8, 1024))
+    tiles = ((8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512), (4, 1024), (4, 2048),
+             (4, 4096), (2, 8192)) if m == 1 else ((8, 256), (8, 512), (8, 1024))
     for bn_, bk_ in tiles:
         for w in (4, 8):
             for split in (1, 3):
