@@ -26,6 +26,8 @@ from collections.abc import Callable
 import flashinfer.sampling as fs
 import sgl_kernel
 import torch
+import triton
+import triton.language as tl
 from roofline import copy_bandwidth, cuda_time, graph_time
 
 from kernels_triton import (
@@ -125,6 +127,8 @@ def main() -> None:
         qs, ks = torch.randn_like(qr).view(tokens, 64, 512)[..., :64], torch.randn_like(kr)[:, :64]
         row("strided copy, rope's pattern (baseline)", f"{tokens}x65 heads", 0.0,
             lambda: (qv.copy_(qs), kv.copy_(ks)), 2 * tokens * 65 * 64 * 2)
+        if tokens == 8192:
+            strided_touch_floor(qr, kr, 2 * tokens * 65 * 64 * 2, copy_bw)
         lg = torch.randn(tokens, 384, device=dev)
         bias = torch.randn(384, device=dev) * 0.1
         tw = torch.empty(tokens, 6, device=dev)
@@ -209,6 +213,41 @@ def _sampling_err(p: torch.Tensor) -> float:
         s = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint")
         bad += int((~keep[torch.arange(p.shape[0], device=p.device), s.long()]).sum())
     return bad / (20 * p.shape[0])
+
+
+@triton.jit
+def _strided_touch_kernel(x_ptr, rows, row_stride, BLOCK_R: tl.constexpr, W: tl.constexpr):
+    # Rope's memory traffic without its math: read the first W values of each row and write them back
+    # changed, in place (bench-only baseline).
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = tl.arange(0, W)
+    p = x_ptr + r[:, None].to(tl.int64) * row_stride + c[None, :]
+    m = (r < rows)[:, None]
+    v = tl.load(p, mask=m, other=0.0)
+    tl.store(p, -v, mask=m)
+
+
+def strided_touch_floor(q: torch.Tensor, k: torch.Tensor, nbytes: float, copy_bw: float) -> None:
+    """Best graph time of a Triton kernel that only reads and writes back rope's bytes (64 of every 512
+    bf16 values of q's 64 heads and k's one head), over a few tile shapes: the floor of that access
+    pattern on this GPU, which rope's own % of copy is to be read against."""
+    tokens = q.shape[0]
+    qrows = q.view(tokens * 64, 512)
+    best = None
+    for block_r in (16, 32, 64, 128):
+        for warps in (2, 4, 8):
+            def run(block_r: int = block_r, warps: int = warps) -> None:
+                _strided_touch_kernel[(triton.cdiv(tokens * 64, block_r),)](qrows, tokens * 64, 512, BLOCK_R=block_r,
+                                                                           W=64, num_warps=warps)
+                _strided_touch_kernel[(triton.cdiv(tokens, block_r),)](k, tokens, 512, BLOCK_R=block_r, W=64,
+                                                                      num_warps=warps)
+            t = graph_time(run, 50)
+            if best is None or t < best[0]:
+                best = (t, block_r, warps)
+    t, block_r, warps = best
+    print(f"<!-- strided touch floor (Triton, read + write back 64 of 512, {tokens}x65 heads): {t * 1e6:.1f} us "
+          f"= {100 * nbytes / t / 1e9 / copy_bw:.0f}% of copy (rows per program {block_r}, {warps} warps) -->",
+          flush=True)
 
 
 def sampling_routes(dev: str) -> None:
