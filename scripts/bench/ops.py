@@ -224,7 +224,7 @@ def _strided_touch_kernel(x_ptr, rows, row_stride, BLOCK_R: tl.constexpr, W: tl.
     p = x_ptr + r[:, None].to(tl.int64) * row_stride + c[None, :]
     m = (r < rows)[:, None]
     v = tl.load(p, mask=m, other=0.0)
-    tl.store(p, -v, mask=m)
+    tl.store(p, (-v.to(tl.float32)).to(x_ptr.dtype.element_ty), mask=m)
 
 
 def strided_touch_floor(q: torch.Tensor, k: torch.Tensor, nbytes: float, copy_bw: float) -> None:
