@@ -94,7 +94,9 @@ def test_windows_cpython_runs_the_repository(windows_python: wine_harness.Provis
 def _linux_isa_from_proc_cpuinfo(names: list[str]) -> list[str]:
     text = Path("/proc/cpuinfo").read_text()
     flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split())  # type: ignore[union-attr]
-    return [n for n in names if PROC_CPUINFO_NAME.get(n, n) in flags]
+    # Each name once: callers add names that may already be in the cpuid list (avx512_bf16 is, on a
+    # CPU that has it), and the comparison is with that list.
+    return [n for n in dict.fromkeys(names) if PROC_CPUINFO_NAME.get(n, n) in flags]
 
 
 @pytest.mark.wine
