@@ -85,3 +85,17 @@ def test_ggml_gpu(name: str) -> None:
         assert got.is_cuda and not torch.isnan(got).any()
         rel = ((got.double() - want).norm() / want.norm()).item()
         assert rel < 1e-2, f"{fn.__name__} {name}: relative error {rel:.2e}"
+    # the MoE forms: two experts (the weight and its rows reversed), three tokens, two slots each
+    experts = torch.stack([w_raw, w_raw.flip(0)])
+    we = [ref.cuda().double(), ref.cuda().double().flip(0)]
+    x3 = x[:3]
+    ids = torch.tensor([[0, 1], [1, 1], [0, 0]], dtype=torch.int32, device="cuda")
+    want = torch.stack([x3[t].double() @ we[int(ids[t, j])].T for t in range(3) for j in range(2)])
+    sorted_ids = torch.tensor([0, 4, 5, 6, 1, 2, 3, 6], dtype=torch.int32, device="cuda")
+    outs = {"ggml_moe_a8_vec": ggml_moe_a8_vec(x3, experts, ids, 2, qt, 2304, 3),
+            "ggml_moe_a8": ggml_moe_a8(x3, experts, sorted_ids, torch.tensor([0, 1], dtype=torch.int32, device="cuda"),
+                                       torch.tensor([8], dtype=torch.int32, device="cuda"), qt, 2304, 2, 3)}
+    for fname, got in outs.items():
+        assert got.is_cuda and not torch.isnan(got).any()
+        rel = ((got.double() - want).norm() / want.norm()).item()
+        assert rel < 1e-2, f"{fname} {name}: relative error {rel:.2e}"
