@@ -514,11 +514,11 @@ def gemv_pdl(device: torch.device, k: int, tiles: int, choice: bool | None = Non
     """Whether the M = 1 GEMV over K columns in `tiles` N tiles launches with PDL on `device`.
 
     Where supported (`_pdl_supported`): `choice` when the config says (GemvConfig.pdl), else for
-    short rows (K <= 2048) or grids of >= 8 CTAs per SM. The
-    H200 run of 2026-11-30 (scripts/bench/RESULTS.md, "GEMV with programmatic dependent launch")
-    timed PDL faster there (25600x6144 42.5 -> 40.3 us, 16384x1280 9.2 -> 8.3, 4096x1280 4.1 -> 3.2,
-    5120x1152 equal) and slower on the long rows of the small grids (5120x4096 8.7 -> 10.4,
-    2304x5120 7.6 -> 8.9, 1792x5120 6.6 -> 8.3). WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
+    short rows (K <= 2048) or grids of >= 8 CTAs per SM. With the 8-row default tiles the H200 run
+    of 2026-11-30 (scripts/bench/RESULTS.md, ninth session) timed PDL faster there (25600x6144
+    42.5 -> 40.3 us, 16384x1280 9.2 -> 8.3, 4096x1280 4.1 -> 3.2, 5120x1152 equal) and slower on the
+    long rows of the small grids (5120x4096 8.7 -> 10.4, 2304x5120 7.6 -> 8.9, 1792x5120 6.6 -> 8.3),
+    which GEMV_M1_TUNED now gives other tiles. WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
     wherever supported (the benchmark's switches)."""
     env = os.environ.get("WINPORT_FP8_GEMV_PDL", "1")
     if env == "0" or not _pdl_supported(device):
