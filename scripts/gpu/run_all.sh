@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Every gpu-marked test in tests/ops, then (with --bench, or --bench=ops,attn,gemm for some) the op,
-# attention and GEMM benchmarks, in one
-# call on the GPU machine. A bare python there has no winport .pth, so a temporary sitecustomize installs
-# the shim finder in every interpreter. With .whlserve/ carried (scripts/gpu/fetch_serve_wheels.sh),
+# attention and GEMM benchmarks, in one call on the GPU machine. A bare python there has no winport
+# .pth, so a temporary sitecustomize installs the shim finder in every interpreter. With .whlserve/ carried (scripts/gpu/fetch_serve_wheels.sh),
 # SGLang is installed next to it and test_dsv4_xpu (which compares with SGLang's own references) runs
 # too; without it that file is left out. Each step has its own time limit (T_TESTS, T_OPS, T_ATTN,
 # T_GEMM seconds) so one hang cannot eat the device call. Output also goes to $OUT/gpu_all.log.
