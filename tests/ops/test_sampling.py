@@ -13,6 +13,14 @@ from kernels_triton import sampling
 from tests.ops.conftest import assert_no_nan_close, poisoned
 
 
+@pytest.fixture(autouse=True)
+def _topk_route_at_test_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests use a few rows; on CUDA the shipped threshold would send them all to the sort route,
+    so the topk route is opened to any batch here (test_small_batches_sort_without_host_reads checks
+    the threshold itself)."""
+    monkeypatch.setattr(sampling, "TOPK_CANDIDATES_MIN_ROWS", {})
+
+
 def _probs(b: int, v: int) -> torch.Tensor:
     p = torch.rand(b, v)
     return p / p.sum(-1, keepdim=True)
@@ -128,14 +136,6 @@ def test_sampling_gpu(config: tuple[int, int, int, bool] | None) -> None:
     p = torch.softmax(x, -1)
     s = fs.top_k_top_p_sampling_from_probs(p, 50, 0.9, filter_apply_order="joint")
     assert _top_k_mask(p, 50)[torch.arange(64, device="cuda"), s.long()].all()
-
-
-@pytest.fixture(autouse=True)
-def _topk_route_at_test_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests use a few rows; on CUDA the shipped threshold would send them all to the sort route,
-    so the topk route is opened to any batch here (test_small_batches_sort_without_host_reads checks
-    the threshold itself)."""
-    monkeypatch.setattr(sampling, "TOPK_CANDIDATES_MIN_ROWS", {})
 
 
 def test_small_batches_sort_without_host_reads(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -411,8 +411,13 @@ def test_engram_vs_float64(long_pass: dict) -> None:
     eps = CFG["rms_norm_eps"]
     rstd = torch.rsqrt(x.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
     wq = w[f"{p}.q_weight"].double() * w[f"{p}.k_weight"].double()
-    dot = (x * wq * key).sum(-1) * rstd / math.sqrt(hidden)
-    gate = torch.sigmoid(torch.sign(dot) * dot.abs().clamp_min(1e-6).sqrt())
+    terms = x * wq * key
+    dot = terms.sum(-1) * rstd / math.sqrt(hidden)
+
+    def gate_of(d: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(torch.sign(d) * d.abs().clamp_min(1e-6).sqrt())
+
+    gate = gate_of(dot)
     ref = x + gate.unsqueeze(-1) * value.unsqueeze(1)
     out = rec["out"].double()
     assert not torch.isnan(out).any() and out.shape == ref.shape
@@ -427,11 +432,7 @@ def test_engram_vs_float64(long_pass: dict) -> None:
     # the worst output is at 0.40 of the bound, and the term dominates for 0.5% of outputs.
     err = (out - ref).abs()
     vrms = value.square().mean(-1, keepdim=True).sqrt().unsqueeze(1)
-
-    def gate_of(d: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(torch.sign(d) * d.abs().clamp_min(1e-6).sqrt())
-
-    d_dot = 3 * 2.0 ** -8 * (x * wq * key).square().sum(-1).sqrt() * rstd / math.sqrt(hidden)
+    d_dot = 3 * 2.0 ** -8 * terms.square().sum(-1).sqrt() * rstd / math.sqrt(hidden)
     d_gate = torch.maximum((gate_of(dot + d_dot) - gate).abs(), (gate_of(dot - d_dot) - gate).abs())
     bound = 3 * 2.0 ** -8 * (ref.abs() + value.abs().unsqueeze(1) + vrms) + d_gate.unsqueeze(-1) * value.abs().unsqueeze(1)
     assert (err <= bound).all(), f"max excess {(err - bound).max().item():.3g}"
