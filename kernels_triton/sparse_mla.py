@@ -372,8 +372,9 @@ def _combine_kernel(part_o_ptr, part_stat_ptr, sink_ptr, o_ptr, stride_ot, strid
                     WRITE_MAX: tl.constexpr, LSE_LOG2: tl.constexpr):
     """Merge the split partials of one query token, a block of heads and BLOCK_D output columns.
 
-    The D chunk is a grid axis so that at batch 1 the merge runs on DV / BLOCK_D times more SMs
-    (one program per head block would read every split's [BLOCK_H, 512] partial serially).
+    The D chunk is a grid axis so that at batch 1 the merge runs on DV / BLOCK_D times more SMs, and
+    every split's [BLOCK_H, BLOCK_D] partial is one [SPLITS_P2, BLOCK_H, BLOCK_D] load: a loop over
+    the splits waited for one L2 round trip per split, at batch 1 the merge's whole cost.
     """
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -395,12 +396,10 @@ def _combine_kernel(part_o_ptr, part_stat_ptr, sink_ptr, o_ptr, stride_ot, strid
     lse2 = tl.where(empty, float("-inf"), top_safe + tl.log2(tl.where(empty, 1.0, wsum)))
     w = w / tl.where(empty, 1.0, wsum)[None, :]
     dcols = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    o = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for s in range(num_splits):
-        ws = tl.sum(tl.where(sp[:, None] == s, w, 0.0), axis=0)  # [BLOCK_H]
-        po = tl.load(part_o_ptr + ((t * num_splits + s) * H + heads)[:, None] * DV + dcols[None, :],
-                     mask=hmask[:, None], other=0.0)
-        o += tl.where(ws[:, None] > 0.0, po * ws[:, None], 0.0)
+    po = tl.load(part_o_ptr + (rows[:, None, None] + heads[None, :, None]) * DV + dcols[None, None, :],
+                 mask=stat_mask[:, :, None], other=0.0)  # [S, BLOCK_H, BLOCK_D]
+    # a split that saw no token weighs 0 and its partial is never multiplied in (it may be 0/0)
+    o = tl.sum(tl.where(w[:, :, None] > 0.0, po * w[:, :, None], 0.0), axis=0)
     _finish_rows(o, lse2, tl.max(max_p, axis=0), t, heads, hmask, hmask & (pid_d == 0), dcols, sink_ptr,
                  o_ptr, stride_ot, stride_oh, lse_ptr, stride_lse_b, stride_lse_h, stride_lse_s, max_ptr,
                  stride_max_t, S_Q, HAS_SINK, WRITE_MAX, LSE_LOG2)
@@ -476,12 +475,14 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
     )
     if num_splits > 1:
         cbh = min(bh, 8)
-        cbd = min(d_v, 128)
+        splits_p2 = triton.next_power_of_2(num_splits)
+        # at most 8K partial values per program (64 fp32 registers a thread at 4 warps)
+        cbd = min(d_v, max(16, 8192 // (splits_p2 * cbh)))
         _combine_kernel[(t, triton.cdiv(h, cbh), d_v // cbd)](
             part_o, part_stat, sink if sink is not None else q3, out, out.stride(0), out.stride(1),
             lse, *lse_strides, max_out if max_out is not None else lse,
             max_out.stride(0) if max_out is not None else 0, h, s_q, num_splits,
-            SPLITS_P2=triton.next_power_of_2(num_splits), BLOCK_H=cbh, DV=d_v,
+            SPLITS_P2=splits_p2, BLOCK_H=cbh, DV=d_v,
             BLOCK_D=cbd, HAS_SINK=sink is not None, WRITE_MAX=max_out is not None, LSE_LOG2=lse_log2, num_warps=4)
 
 

@@ -117,9 +117,9 @@ DECODE_CASES = {
 }
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("case", list(DECODE_CASES))
-def test_decode_matches_f64(path: str, case: str) -> None:
+def _decode_case(case: str) -> tuple[tuple, tuple]:
+    """Inputs of one DECODE_CASES entry (positional arguments of the decode functions) and the float64
+    reference (out, lse, max |kv|)."""
     b, s_q, h, topk, ex_topk, lens_kind, ex_lens_kind, sink_kind = DECODE_CASES[case]
     ps, pages, ex_ps, ex_pages = 64, 3, 16, 5
     main = _make_cache(pages, ps)
@@ -146,16 +146,36 @@ def test_decode_matches_f64(path: str, case: str) -> None:
     # sinks near the rows' lse (about log(#tokens)), so the sink weight is far from 0 and 1
     sink = {"rand": torch.randn(h) + 4, "inf": torch.full((h,), math.inf), None: None}[sink_kind]
     scale = 512 ** -0.5
-    out, lse = _decode(path, q, kvl.paged_view(main, ps), idx, lens, sink,
-                       None if extra is None else kvl.paged_view(extra, ex_ps), ex_idx, ex_lens, scale, 512)
+    args = (q, kvl.paged_view(main, ps), idx, lens, sink, None if extra is None else kvl.paged_view(extra, ex_ps),
+            ex_idx, ex_lens, scale, 512)
+    return args, _decode_f64(q, caches, scale, sink)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("case", list(DECODE_CASES))
+def test_decode_matches_f64(path: str, case: str) -> None:
+    args, (ref_out, ref_lse, vmax) = _decode_case(case)
+    b, s_q, h = args[0].shape[:3]
+    out, lse = _decode(path, *args)
     assert out.shape == (b, s_q, h, 512) and out.dtype == torch.bfloat16
     assert lse.shape == (b, h, s_q) and lse.dtype == torch.float32
-    ref_out, ref_lse, vmax = _decode_f64(q, caches, scale, sink)
     _check(out, lse, ref_out, ref_lse, vmax)
     if case == "lonely_rows":
         assert (out == 0).all() and torch.isposinf(lse).all()
     if case == "inf_sink":
         assert (out == 0).all() and lse.isfinite().all()
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+@pytest.mark.parametrize("case", ["full", "lonely_rows", "window_only_extra_empty"])
+def test_decode_splits_match_f64(case: str, num_splits: int) -> None:
+    """The split path (partials merged by the combine kernel) against float64 with the same bounds as
+    the single pass: a split count that is not a power of two, splits that see no token (short or
+    zero lengths) and the sink applied after the merge. The default split count is 1 at these CPU
+    sizes, so only this test runs the combine kernel with the tight bound."""
+    args, (ref_out, ref_lse, vmax) = _decode_case(case)
+    out, lse = sm.sparse_mla_decode_triton(*args, num_splits=num_splits, block_n=16)
+    _check(out, lse, ref_out, ref_lse, vmax)
 
 
 def test_decode_splits_agree() -> None:
