@@ -443,51 +443,483 @@ def num_sms(device: torch.device | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# Top-k transforms (batched torch on every device: torch.topk is a native CUDA kernel too)
+# Top-k transforms: one Triton kernel (CUDA tensors), one torch reference (every other device)
 # ----------------------------------------------------------------------------------------------
+#
+# Every top-k transform -- SGLang's dsv4.topk functions below and the torch.ops.sgl_kernel ones that
+# shims/sgl_kernel/dsv4_xpu.py serves -- is `topk_transform_rows`. Row r of `out` ([rows, k]) gets
+# window positions j of scores[r, s + j] (s = row_starts[r], or 0) for j < len = seq_lens[r]:
+# - len <= k: 0, 1, ..., len - 1 in order, then -1 (scores are not read);
+# - len > k: the k largest of the min(len, width) window scores (in any order; among ties any of the
+#   tied), -1 past them when the window has fewer than k scores. Scores rank by value, NaN above +inf
+#   (as torch.topk); -0.0 and +0.0 are equal. A window position past the row end reads the row's last
+#   score (a window is meant to lie inside its row). With `neg_inf_pad` a pick whose score is -inf is
+#   written as -1 (SGLang's dsv4.topk semantics; its sgl_kernel ops keep such picks).
+# Each position p is then written as is, as p + offsets[r] (ragged), or through the page table as
+# page_table[r, p // P] * P + p % P (paged), -1 staying -1; `out_raw` (paged) receives p too.
+#
+# The kernel runs one program per row (looping over rows when there are more rows than programs),
+# a radix select that reads the whole row once:
+# 1. the largest score of every group of GS window positions (GS: a power of two giving ~4k groups,
+#    at most TOPK_TUNING["max_groups"]); the only pass over the full row, a float max. Its key must be
+#    the group's largest key, so the max propagates NaN and -0.0 is keyed as +0.0 (a max may return
+#    either zero), else the bound of step 2 fails;
+# 2. pivot p = the kth largest group maximum (radix select over the maxima). At least k scores are
+#    >= p (one per group counted), and the scores > p lie in the fewer than k groups whose maximum
+#    exceeds p, so there are at most (k - 1) * GS of them: a bounded workspace, and in practice a few
+#    more than k (with fewer than k groups, p is below every score);
+# 3. over the groups whose maximum is >= p only: compact the scores > p (key and position) and the
+#    positions of the first k scores == p into the program's workspace;
+# 4. radix select over the compacted candidates (if more than k) for the kth largest T;
+# 5. write the candidates > T and the first ones == T, else all candidates and ties of p; -1 after.
+# Keys are fp32 bits mapped to order-preserving uint32 (negatives: every bit flipped; others: sign bit
+# set). A radix select searches only the bits below the common prefix of its smallest and largest key,
+# one histogram (tl.histogram, no mask argument) per BITS-wide digit. No host reads: the launch only
+# uses shapes, so it can be captured in a CUDA graph.
+
+# Set by tests (with TRITON_INTERPRET=1) to run the Triton kernel on CPU tensors.
+TOPK_TRITON_ON_CPU = False
+# Kernel tiling: chosen from estimates and ptxas register counts, not yet timed on a GPU
+# (scripts/bench/attention.py times the kernel against the torch reference).
+TOPK_TUNING: dict[str, int] = {
+    "max_groups": 2048,  # group maxima per row at most (step 2 selects among them)
+    "groups_per_k": 4,  # aim for this many groups per pick: the pivot then sits above most scores
+    # Per-iteration tiles (powers of two). The loops of a program run one after another, each
+    # iteration waiting on its loads, so large tiles keep more bytes in flight.
+    "chunk": 16384,  # window positions per iteration of the full-row pass (step 1)
+    "compact": 4096,  # positions per iteration of step 3 (below 65536: two counts share one scan)
+    "block": 2048,  # keys per iteration of the radix selects and the writes
+    "bits": 8,  # radix digit width (histogram bins = 2 ** bits)
+    "num_warps": 16,  # with the tiles above: 128 registers on sm_90 (ptxas), no occupancy lost below 132 rows
+    "programs_per_sm": 2,  # programs on CUDA: each loops over rows, so the workspace stays bounded
+    "cpu_programs": 4,  # programs under the interpreter
+}
+_NEG_INF_KEY = -2139095041  # topk_order_key(-inf): the smallest key a score can have
 
 
-def _topk_positions(scores: torch.Tensor, seq_lens: torch.Tensor, k: int,
-                    row_starts: torch.Tensor | None = None) -> torch.Tensor:
-    """Per row: positions (relative to row_starts) of the top-k scores among the first seq_lens,
-    or 0..len-1 when len <= k; -1 padded. int64 [rows, k]."""
-    rows, width = scores.shape
-    lens = seq_lens.reshape(rows).to(torch.int64).clamp_min(0)
-    starts = torch.zeros_like(lens) if row_starts is None else row_starts.reshape(rows).to(torch.int64)
+@triton.jit
+def _topk_key(x):
+    """fp32 -> uint32 key in the order of the values; -0.0 gets +0.0's key and every NaN ranks above
+    +inf. No score maps to key 0, which therefore stands for "no element"."""
+    u = x.to(tl.uint32, bitcast=True)
+    key = u ^ ((x.to(tl.int32, bitcast=True) >> 31).to(tl.uint32, bitcast=True) | 0x80000000)
+    key = tl.where(key == 0x7FFFFFFF, 0x80000000, key)  # -0.0 -> +0.0
+    return tl.where(x != x, 0xFFFFFFFF, key)
+
+
+@triton.jit
+def _max_nan(a, b):
+    """Maximum that propagates NaN (a group holding a NaN must report it: NaN ranks first); the
+    reduction of step 1, and called as a plain max of keys too (which also tells
+    tests/ops/triton_specializations.py that it is a helper, not a kernel to launch)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _bit_length(v):
+    """Bit length of a uint32 scalar (0 for 0)."""
+    n = v.to(tl.int32, bitcast=True) * 0
+    for i in tl.static_range(5):
+        sh = 16 >> i
+        big = (v >> sh) != 0
+        n += tl.where(big, sh, 0)
+        v = tl.where(big, v >> sh, v)
+    return n + (v != 0).to(tl.int32)
+
+
+@triton.jit
+def _kth_key(ptr, m, kth, lo, hi, CB: tl.constexpr, BITS: tl.constexpr):
+    """Radix select over the m keys at ptr (int32 bits of uint32 keys; smallest lo, largest hi),
+    1 <= kth <= m.
+
+    Returns (T, need): T is the kth largest key, and `need` (>= 1) of the keys equal to T belong to
+    the top kth (the other kth - need are above T). All keys share the bits above the bit length of
+    lo ^ hi, so only the bits below it are searched: one pass per BITS-wide digit, top digit first,
+    each a histogram of the digit over the keys that match the prefix found so far.
+    """
+    NB: tl.constexpr = 1 << BITS
+    bins = tl.arange(0, NB)
+    nbits = _bit_length(lo ^ hi)
+    prefix = ((hi.to(tl.uint64) >> nbits) << nbits).to(tl.uint32)  # 64-bit: a shift by 32 is defined
+    need = kth
+    for i in range(0, (nbits + BITS - 1) // BITS):
+        top = nbits - i * BITS  # the bits >= top are known (prefix)
+        low = tl.maximum(top - BITS, 0)
+        known = ((tl.full([], 0xFFFFFFFF, tl.uint64) >> top) << top).to(tl.uint32)
+        hist = tl.zeros([NB], dtype=tl.int32)
+        for c0 in range(0, m, CB):
+            o = c0 + tl.arange(0, CB)
+            inside = o < m
+            key = tl.load(ptr + o, mask=inside, other=0).to(tl.uint32, bitcast=True)
+            match = inside & ((key & known) == prefix)
+            # No histogram mask (Triton 3.6 may lack it): the other keys count in bin 0. They need no
+            # correction: only the counts of digits >= 1 are read below (ge[b] for b >= 1, ge[0] - hist[0]).
+            digit = tl.where(match, (key >> low) & ((1 << (top - low)) - 1), 0).to(tl.int32)
+            hist += tl.histogram(digit, NB)
+        ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # b >= 1: matching keys with digit >= b
+        b = tl.sum((ge >= need).to(tl.int32), axis=0) - 1  # ge falls with b: the last bin still >= need
+        need -= tl.sum(tl.where(bins == b, ge - hist, 0), axis=0)
+        prefix = prefix | (b.to(tl.uint32) << low)
+    return prefix, need
+
+
+@triton.jit
+def _group_max(srow, c0, n, start, width, ng, max_ws, lo, hi, MASKED: tl.constexpr, HAS_STARTS: tl.constexpr,
+               GS: tl.constexpr, CH: tl.constexpr):
+    """Keys of the maxima of the CH // GS groups of window positions c0 .. c0 + CH - 1 -> max_ws;
+    returns the running smallest and largest of them. MASKED: the chunk may run past n (else it lies
+    inside the window, and its loads need no mask, so they vectorize)."""
+    gi = tl.arange(0, CH // GS)
+    j = c0 + gi[:, None] * GS + tl.arange(0, GS)[None, :]
+    if HAS_STARTS:
+        col = tl.minimum(tl.maximum(start + j, 0), width - 1)
+    else:
+        col = j
+    if MASKED:
+        x = tl.load(srow + col, mask=j < n, other=float("-inf"))
+    else:
+        x = tl.load(srow + col)
+    gkey = _topk_key(tl.reduce(x.to(tl.float32), 1, _max_nan))
+    g = c0 // GS + gi
+    tl.store(max_ws + g, gkey.to(tl.int32, bitcast=True), mask=g < ng)
+    lo = tl.minimum(lo, tl.min(tl.where(g < ng, gkey, 0xFFFFFFFF), axis=0))
+    hi = _max_nan(hi, tl.max(tl.where(g < ng, gkey, 0), axis=0))
+    return lo, hi
+
+
+@triton.jit
+def _topk_emit(out_row, raw_row, table_row, table_cols, page_size, off, slot, pos, key, mask,
+               PAGED: tl.constexpr, HAS_RAW: tl.constexpr, NEG_INF_PAD: tl.constexpr):
+    """Write window positions `pos` (-1: none; `key`: their scores' keys) into output slots `slot`."""
+    if NEG_INF_PAD:
+        pos = tl.where(key == 0x007FFFFF, -1, pos)  # the key of -inf
+    if HAS_RAW:
+        tl.store(raw_row + slot, pos, mask=mask)
+    if PAGED:
+        col = tl.minimum(tl.maximum(pos // page_size, 0), table_cols - 1)
+        page = tl.load(table_row + col, mask=mask & (pos >= 0), other=0).to(tl.int64)
+        val = tl.where(pos >= 0, page * page_size + pos % page_size, -1)
+    else:
+        val = tl.where(pos >= 0, pos.to(tl.int64) + off, -1)
+    tl.store(out_row + slot, val, mask=mask)
+
+
+@triton.jit
+def _topk_transform_kernel(
+    scores_ptr, stride_sr, n_srows, width, lens_ptr, starts_ptr, offsets_ptr,
+    table_ptr, stride_tr, n_trows, table_cols, page_size,
+    out_ptr, stride_or, raw_ptr, stride_rr, ws_ptr, stride_wr, n_rows, k, ng_cap, gt_cap,
+    HAS_STARTS: tl.constexpr, HAS_OFFSETS: tl.constexpr, PAGED: tl.constexpr, HAS_RAW: tl.constexpr,
+    NEG_INF_PAD: tl.constexpr, GS: tl.constexpr, CH: tl.constexpr, CG: tl.constexpr, CB: tl.constexpr,
+    BITS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    # This program's workspace (int32): group maxima | active group ids | keys of the candidates > p
+    # | their positions | positions of the first k scores == p.
+    ws = ws_ptr + pid.to(tl.int64) * stride_wr
+    max_ws = ws
+    act_ws = ws + ng_cap
+    gtk_ws = ws + 2 * ng_cap
+    gtp_ws = gtk_ws + gt_cap
+    eq_ws = gtp_ws + gt_cap
+    lane = tl.arange(0, CB)
+    nprog = tl.num_programs(0)
+    for it in range(0, (n_rows - pid + nprog - 1) // nprog):  # rows pid, pid + nprog, ...
+        r = pid.to(tl.int64) + it * nprog
+        length = tl.load(lens_ptr + r).to(tl.int64)
+        out_row = out_ptr + r * stride_or
+        raw_row = raw_ptr + r * stride_rr
+        table_row = table_ptr + tl.minimum(r, n_trows - 1) * stride_tr
+        if HAS_OFFSETS:
+            off = tl.load(offsets_ptr + r).to(tl.int64)
+        else:
+            off = 0
+        if length <= k:
+            for s0 in range(0, k, CB):
+                slot = s0 + lane
+                _topk_emit(out_row, raw_row, table_row, table_cols, page_size, off, slot,
+                           tl.where(slot < length, slot, -1), slot * 0, slot < k, PAGED, HAS_RAW, NEG_INF_PAD)
+        else:
+            if HAS_STARTS:
+                start = tl.load(starts_ptr + r).to(tl.int64)
+            else:
+                start = 0
+            n = tl.minimum(length, width).to(tl.int32)  # window positions 0 .. n-1
+            srow = scores_ptr + tl.minimum(r, n_srows - 1) * stride_sr
+            ng = (n + GS - 1) // GS
+            # 1. Group maxima (full chunks unmasked, then the tail).
+            lo = (n * 0).to(tl.uint32) | 0xFFFFFFFF
+            hi = (n * 0).to(tl.uint32)
+            n_full = n - n % CH
+            for c0 in range(0, n_full, CH):
+                lo, hi = _group_max(srow, c0, n, start, width, ng, max_ws, lo, hi, False, HAS_STARTS, GS, CH)
+            if n_full < n:
+                lo, hi = _group_max(srow, n_full, n, start, width, ng, max_ws, lo, hi, True, HAS_STARTS, GS, CH)
+            tl.debug_barrier()  # the maxima are read back by other threads
+            # 2. Pivot p, and the groups whose maximum is >= p.
+            p = (n * 0).to(tl.uint32)
+            if ng >= k:
+                p, unused = _kth_key(max_ws, ng, k, lo, hi, CB, BITS)
+            na = n * 0
+            for c0 in range(0, ng, CB):
+                g = c0 + lane
+                mk = tl.load(max_ws + g, mask=g < ng, other=0).to(tl.uint32, bitcast=True)
+                act = (g < ng) & (mk >= p)
+                tl.store(act_ws + na + tl.cumsum(act.to(tl.int32), axis=0) - 1, g, mask=act)
+                na += tl.sum(act.to(tl.int32), axis=0)
+            tl.debug_barrier()
+            # 3. Compact the scores > p and the first k == p of those groups.
+            cnt_gt = n * 0
+            cnt_eq = n * 0
+            gt_lo = (n * 0).to(tl.uint32) | 0xFFFFFFFF
+            gt_hi = (n * 0).to(tl.uint32)
+            e = tl.arange(0, CG)
+            for a0 in range(0, na, CG // GS):
+                ai = a0 + e // GS
+                g = tl.load(act_ws + ai, mask=ai < na, other=0)
+                j = g * GS + e % GS
+                ok = (ai < na) & (j < n)
+                if HAS_STARTS:
+                    col = tl.minimum(tl.maximum(start + j, 0), width - 1)
+                else:
+                    col = j
+                key = _topk_key(tl.load(srow + col, mask=ok, other=0.0).to(tl.float32))
+                gt = ok & (key > p)
+                eq = ok & (key == p)
+                both = gt.to(tl.int32) + eq.to(tl.int32) * 65536  # one scan for both counts (CG < 65536)
+                cs = tl.cumsum(both, axis=0)
+                gdst = cnt_gt + (cs & 65535) - 1
+                edst = cnt_eq + (cs >> 16) - 1
+                tl.store(gtk_ws + gdst, key.to(tl.int32, bitcast=True), mask=gt & (gdst < gt_cap))
+                tl.store(gtp_ws + gdst, j, mask=gt & (gdst < gt_cap))
+                tl.store(eq_ws + edst, j, mask=eq & (edst < k))
+                gt_lo = tl.minimum(gt_lo, tl.min(tl.where(gt, key, 0xFFFFFFFF), axis=0))
+                gt_hi = tl.maximum(gt_hi, tl.max(tl.where(gt, key, 0), axis=0))
+                tot = tl.sum(both, axis=0)
+                cnt_gt += tot & 65535
+                cnt_eq += tot >> 16
+            tl.debug_barrier()
+            # 4. Threshold T among more than k candidates; else every candidate, then ties of p.
+            t = p
+            need_t = n * 0
+            if cnt_gt > k:
+                t, need_t = _kth_key(gtk_ws, cnt_gt, k, gt_lo, gt_hi, CB, BITS)
+            # 5. Candidates > T and the first need_t == T; ties of p; -1 in the slots left.
+            done = n * 0
+            seen_t = n * 0
+            for c0 in range(0, cnt_gt, CB):
+                o = c0 + lane
+                om = o < cnt_gt
+                key = tl.load(gtk_ws + o, mask=om, other=0).to(tl.uint32, bitcast=True)
+                pos = tl.load(gtp_ws + o, mask=om, other=-1)
+                is_t = om & (key == t)
+                rank = seen_t + tl.cumsum(is_t.to(tl.int32), axis=0) - 1
+                sel = om & ((key > t) | (is_t & (rank < need_t)))
+                slot = done + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                _topk_emit(out_row, raw_row, table_row, table_cols, page_size, off, slot, pos, key, sel,
+                           PAGED, HAS_RAW, NEG_INF_PAD)
+                done += tl.sum(sel.to(tl.int32), axis=0)
+                seen_t += tl.sum(is_t.to(tl.int32), axis=0)
+            n_eq = tl.minimum(k - done, cnt_eq)
+            for c0 in range(0, n_eq, CB):
+                o = c0 + lane
+                pos = tl.load(eq_ws + o, mask=o < n_eq, other=-1)
+                _topk_emit(out_row, raw_row, table_row, table_cols, page_size, off, done + o, pos,
+                           o.to(tl.uint32) * 0 + p, o < n_eq, PAGED, HAS_RAW, NEG_INF_PAD)
+            done += n_eq
+            for s0 in range(done, k, CB):
+                slot = s0 + lane
+                _topk_emit(out_row, raw_row, table_row, table_cols, page_size, off, slot, slot * 0 - 1,
+                           slot * 0, slot < k, PAGED, HAS_RAW, NEG_INF_PAD)
+
+
+def _topk_group_size(width: int, k: int) -> int:
+    """GS: the largest power of two leaving >= groups_per_k * k groups, raised until at most max_groups."""
+    gs = 1
+    while width // (2 * gs) >= TOPK_TUNING["groups_per_k"] * k:
+        gs *= 2
+    while -(-width // gs) > TOPK_TUNING["max_groups"]:
+        gs *= 2
+    return gs
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _topk_programs(device: torch.device) -> int:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return TOPK_TUNING["programs_per_sm"] * _sm_count(index)
+    return TOPK_TUNING["cpu_programs"]
+
+
+def _per_row(t: torch.Tensor, rows: int, name: str) -> torch.Tensor:
+    """A per-row vector as a flat, unit-stride view (a copy only when needed), checked for length."""
+    v = t.reshape(-1)
+    if v.numel() < rows:
+        raise ValueError(f"{name} has {v.numel()} entries for {rows} rows")
+    return v if v.stride(0) == 1 else v.contiguous()
+
+
+def topk_transform_triton(scores: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, *,
+                          page_table: torch.Tensor | None = None, page_size: int = 1,
+                          out_raw: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+                          row_starts: torch.Tensor | None = None, neg_inf_pad: bool = False) -> None:
+    """`topk_transform_rows` with the Triton kernel (CUDA tensors; CPU ones under TRITON_INTERPRET=1).
+
+    One launch, no host reads of tensor values. Allocates a per-program int32 workspace of
+    2 * ceil(width / GS) + 2 * min(k * GS, width) + k entries.
+    """
+    rows, k = out.shape
+    if rows == 0 or k == 0:
+        return
+    if scores.dim() != 2 or scores.shape[0] == 0:
+        raise ValueError(f"scores must be [rows, width] with at least one row, got {tuple(scores.shape)}")
+    if page_table is not None and page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    width = scores.shape[1]
+    if scores.stride(1) != 1:
+        scores = scores.contiguous()
+    lens = _per_row(seq_lens, rows, "seq_lens")
+    starts = _per_row(row_starts, rows, "row_starts") if row_starts is not None else None
+    offs = _per_row(offsets, rows, "out_offsets") if offsets is not None else None
+    table = page_table
+    if table is not None and table.stride(1) != 1:
+        table = table.contiguous()
+    dst = out if out.stride(1) == 1 else torch.empty(rows, k, dtype=out.dtype, device=out.device)
+    raw = out_raw
+    if raw is not None and raw.stride(1) != 1:
+        raw = torch.empty(rows, k, dtype=out_raw.dtype, device=out_raw.device)
+    gs = _topk_group_size(width, k)
+    if max(TOPK_TUNING["compact"], gs) >= 65536:
+        raise ValueError(f"score rows of {width} are too wide for the top-k kernel's step 3 tile")
+    ng_cap = max(1, -(-width // gs))
+    gt_cap = max(1, min(k * gs, width))
+    programs = min(rows, _topk_programs(scores.device))
+    ws = torch.empty(programs, 2 * ng_cap + 2 * gt_cap + k, dtype=torch.int32, device=scores.device)
+    _topk_transform_kernel[(programs,)](
+        scores, scores.stride(0), scores.shape[0], width, lens,
+        starts if starts is not None else lens, offs if offs is not None else lens,
+        table if table is not None else lens, table.stride(0) if table is not None else 0,
+        table.shape[0] if table is not None else 1, table.shape[1] if table is not None else 1, page_size,
+        dst, dst.stride(0), raw if raw is not None else dst, raw.stride(0) if raw is not None else 0,
+        ws, ws.stride(0), rows, k, ng_cap, gt_cap,
+        HAS_STARTS=starts is not None, HAS_OFFSETS=offs is not None, PAGED=table is not None,
+        HAS_RAW=raw is not None, NEG_INF_PAD=neg_inf_pad, GS=gs, CH=max(TOPK_TUNING["chunk"], gs),
+        CG=max(TOPK_TUNING["compact"], gs), CB=TOPK_TUNING["block"], BITS=TOPK_TUNING["bits"],
+        num_warps=TOPK_TUNING["num_warps"])
+    if dst is not out:
+        out.copy_(dst)
+    if raw is not None and raw is not out_raw:
+        out_raw.copy_(raw)
+
+
+def topk_order_key(scores: torch.Tensor) -> torch.Tensor:
+    """int64 key of scores in value order (the kernel's key): -0.0 ties +0.0, NaN ranks above +inf."""
+    f = scores.float()
+    bits = f.contiguous().view(torch.int32).to(torch.int64)
+    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    key = torch.where(f == 0, 0, key)
+    return torch.where(f.isnan(), 2**31, key)
+
+
+def _topk_select(keys: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """Columns of the min(k, width) largest valid keys per row, largest first (rows hold at least that
+    many valid columns)."""
+    keys = keys.masked_fill(~valid, torch.iinfo(torch.int64).min)
+    return torch.topk(keys, min(k, keys.shape[1]), dim=1).indices
+
+
+def _first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows 0..n-1 of t (rows past its end repeat the last one); no host read."""
+    if t.shape[0] >= n:
+        return t[:n]
+    return t[torch.arange(n, device=t.device).clamp(max=t.shape[0] - 1)]
+
+
+def topk_positions_reference(scores: torch.Tensor, seq_lens: torch.Tensor, rows: int, k: int,
+                             row_starts: torch.Tensor | None = None, neg_inf_pad: bool = False) -> torch.Tensor:
+    """The torch reference of the kernel's selection: int64 [rows, k] window positions (-1: none).
+
+    Graph-safe: every row is selected over the full score width (a fixed shape) and the selection is
+    kept only in rows longer than k. Picks come largest first (the kernel's come in any order).
+    """
     dev = scores.device
-    span = width
-    cols = torch.arange(span, device=dev)
-    src = (starts[:, None] + cols[None, :]).clamp(0, max(width - 1, 0))
-    vals = torch.gather(scores.float(), 1, src) if width else scores.new_zeros(rows, 0).float()
-    vals = vals.masked_fill(cols[None, :] >= lens[:, None], float("-inf"))
-    kk = min(k, span)
-    top = torch.topk(vals, kk, dim=1, largest=True, sorted=False).indices if kk else vals.new_zeros(
-        rows, 0, dtype=torch.int64)
-    picked_ok = torch.gather(vals, 1, top) != float("-inf") if kk else top.bool()
-    top = torch.where(picked_ok, top, -1)
-    if kk < k:
-        top = torch.nn.functional.pad(top, (0, k - kk), value=-1)
-    seq = torch.arange(k, device=dev)[None, :]
-    short = lens[:, None] <= k
-    # Short rows take every position in order (upstream's "trivial path"), regardless of scores.
-    return torch.where(short, torch.where(seq < lens[:, None], seq, -1), top)
+    width = scores.shape[1]
+    lens = seq_lens.reshape(rows).to(torch.int64)
+    cols = torch.arange(k, device=dev)
+    short = torch.where(cols[None, :] < lens[:, None], cols[None, :], -1)
+    src = _first_rows(scores, rows)
+    j = torch.arange(width, device=dev)
+    if row_starts is not None:
+        idx = (row_starts.reshape(rows).to(torch.int64)[:, None] + j[None, :]).clamp(0, max(width - 1, 0))
+        src = src.gather(1, idx)
+    keys = topk_order_key(src)
+    pick = _topk_select(keys, j[None, :] < lens[:, None], k)
+    if neg_inf_pad:
+        pick = torch.where(keys.gather(1, pick) == _NEG_INF_KEY, -1, pick)
+    if pick.shape[1] < k:  # a row narrower than k
+        pick = torch.nn.functional.pad(pick, (0, k - pick.shape[1]), value=-1)
+    return torch.where((lens > k)[:, None], pick, short)
 
 
-def _page_transform(raw: torch.Tensor, page_tables: torch.Tensor, page_size: int) -> torch.Tensor:
-    page = torch.gather(page_tables.to(torch.int64), 1, (raw.clamp_min(0) // page_size))
-    return torch.where(raw >= 0, page * page_size + raw.clamp_min(0) % page_size, -1)
+def _page_transform(pos: torch.Tensor, page_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """pos -> page_table[r, pos // P] * P + pos % P (page index clamped into the table), -1 kept."""
+    pt = page_table.to(torch.int64)
+    p = pos.clamp(min=0)
+    page = pt.gather(1, (p // page_size).clamp(max=pt.shape[1] - 1))
+    return torch.where(pos >= 0, page * page_size + p % page_size, -1)
+
+
+def _topk_on_triton(scores: torch.Tensor) -> bool:
+    return scores.is_cuda or (TOPK_TRITON_ON_CPU and scores.device.type == "cpu" and interpreting())
+
+
+def topk_transform_rows(scores: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, *,
+                        page_table: torch.Tensor | None = None, page_size: int = 1,
+                        out_raw: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+                        row_starts: torch.Tensor | None = None, neg_inf_pad: bool = False,
+                        use_triton: bool | None = None) -> None:
+    """The top-k transform behind every public one (semantics in the comment above the kernel).
+
+    Writes out [rows, k] (and out_raw); positions go through page_table (paged) or get offsets
+    added (ragged), or are written as they are. use_triton: None = the kernel on CUDA tensors (and
+    on CPU tensors when TOPK_TRITON_ON_CPU is set under the interpreter), the torch reference
+    elsewhere; True / False force one.
+    """
+    if use_triton is None:
+        use_triton = _topk_on_triton(scores)
+    if use_triton:
+        topk_transform_triton(scores, seq_lens, out, page_table=page_table, page_size=page_size,
+                              out_raw=out_raw, offsets=offsets, row_starts=row_starts, neg_inf_pad=neg_inf_pad)
+        return
+    rows, k = out.shape
+    pos = topk_positions_reference(scores, seq_lens, rows, k, row_starts, neg_inf_pad)
+    if page_table is not None:
+        val = _page_transform(pos, page_table, page_size)
+    elif offsets is not None:
+        val = torch.where(pos >= 0, pos + offsets.reshape(rows, 1).to(torch.int64), -1)
+    else:
+        val = pos
+    out.copy_(val.to(out.dtype))
+    if out_raw is not None:
+        out_raw.copy_(pos.to(out_raw.dtype))
 
 
 def topk_transform_paged(scores: torch.Tensor, seq_lens: torch.Tensor, page_tables: torch.Tensor,
                          out_page_indices: torch.Tensor, page_size: int,
                          out_raw_indices: torch.Tensor | None = None) -> None:
     """SGLang `dsv4.topk.topk_transform_paged`: top-k of `scores[b, :seq_lens[b]]` (k = out width),
-    mapped through `page_tables` to cache indices `page * page_size + offset`; -1 padded."""
-    k = out_page_indices.shape[1]
-    raw = _topk_positions(scores, seq_lens, k)
-    out_page_indices.copy_(_page_transform(raw, page_tables, page_size).to(out_page_indices.dtype))
-    if out_raw_indices is not None:
-        out_raw_indices.copy_(raw.to(out_raw_indices.dtype))
+    mapped through `page_tables` to cache indices `page * page_size + offset`; -1 padded (picks of
+    -inf scores too)."""
+    topk_transform_rows(scores, seq_lens, out_page_indices, page_table=page_tables, page_size=page_size,
+                        out_raw=out_raw_indices, neg_inf_pad=True)
 
 
 def plan_topk_v2(seq_lens: torch.Tensor, static_threshold: int = -1, *,
@@ -508,21 +940,16 @@ def topk_transform_paged_v2(scores: torch.Tensor, seq_lens: torch.Tensor, page_t
                             out_raw_indices: torch.Tensor | None = None) -> None:
     """SGLang `topk_transform_paged_v2`: as v1; without page_tables, out_page_indices gets raw indices."""
     del metadata  # the routing plan only matters to upstream's two-path kernel
-    k = out_page_indices.shape[1]
-    raw = _topk_positions(scores, seq_lens, k)
     if page_tables is None:
-        out_page_indices.copy_(raw.to(out_page_indices.dtype))
+        topk_transform_rows(scores, seq_lens, out_page_indices, neg_inf_pad=True)
         return
-    out_page_indices.copy_(_page_transform(raw, page_tables, page_size).to(out_page_indices.dtype))
-    if out_raw_indices is not None:
-        out_raw_indices.copy_(raw.to(out_raw_indices.dtype))
+    topk_transform_rows(scores, seq_lens, out_page_indices, page_table=page_tables, page_size=page_size,
+                        out_raw=out_raw_indices, neg_inf_pad=True)
 
 
 def topk_transform_ragged_v2(scores: torch.Tensor, seq_lens: torch.Tensor, *, out_offsets: torch.Tensor,
                              out_indices: torch.Tensor, row_starts: torch.Tensor | None = None) -> None:
     """SGLang `topk_transform_ragged_v2`: top-k of `scores[i, ks : ks + seq_lens[i]]` written as
     `position + out_offsets[i]` (position relative to ks), -1 padded."""
-    k = out_indices.shape[1]
-    raw = _topk_positions(scores, seq_lens, k, row_starts)
-    off = out_offsets.reshape(-1, 1).to(torch.int64)
-    out_indices.copy_(torch.where(raw >= 0, raw + off, -1).to(out_indices.dtype))
+    topk_transform_rows(scores, seq_lens, out_indices, offsets=out_offsets, row_starts=row_starts,
+                        neg_inf_pad=True)

@@ -7,8 +7,10 @@ Prints, for batch 1 and contexts 4K / 64K:
   40 layers (35 with compressed KV, 5 window-only) replayed as one CUDA graph, with the achieved
   bandwidth (bytes the kernel must move: gathered KV rows, q, out) against the copy bandwidth;
 - indexer logits (32 heads x 128, FP8 and FP4 index-K) per call at L = ctx/2 and ctx keys (the
-  ratio-2 and ratio-1 sources), and the top-512 transform.
+  ratio-2 and ratio-1 sources), and the top-512 transform (the Triton kernel and the torch reference,
+  1 and 64 rows).
 Usage: PYTHONPATH=. python3 scripts/bench/attention.py [--sweep] [--decode-only] [--batches 1,16,64]
+       [--topk-sweep]
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def bench_decode(ctx: int, copy_bw: float, batch: int = 1, sweep: bool = False) 
             cfgs.append({"block_h": 16, "block_n": 32, "num_warps": 8, "num_splits": sp})
         cfgs += [{"block_h": 16, "block_n": 32, "num_warps": 8, "num_stages": 1},
                  {"block_h": 16, "block_n": 32, "num_warps": 8, "num_stages": 2},
+                 {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 1},
+                 {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 2},
+                 {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 3},
                  {"block_h": 64, "block_n": 16, "num_warps": 8}, {"block_h": 16, "block_n": 64, "num_warps": 8}]
     best = None
     for cfg in cfgs:
@@ -131,10 +136,51 @@ def bench_indexer(ctx: int, copy_bw: float) -> None:
             nbytes = L * width + L * 4
             print(f"  {kind} keys={L:6d}: {t * 1e6:7.1f} us, {nbytes / t / 1e9:6.1f} GB/s "
                   f"({100 * nbytes / t / copy_bw:4.1f}% of copy)")
-        scores = torch.randn(1, L, device="cuda")
-        out = torch.empty(1, 512, dtype=torch.int32, device="cuda")
-        t = graph_time(functools.partial(ix.topk_transform_paged, scores, lens.view(1), table, out, 64))
-        print(f"  top-512 transform over {L} keys: {t * 1e6:.1f} us")
+        for rows in (1, 64):  # one decode token; a batch of 64
+            scores = torch.randn(rows, L, device="cuda")
+            row_lens = lens.view(1).expand(rows).contiguous()
+            tables = table.expand(rows, -1).contiguous()
+            out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
+            t = graph_time(functools.partial(ix.topk_transform_paged, scores, row_lens, tables, out, 64))  # Triton
+            t_ref = graph_time(functools.partial(ix.topk_transform_rows, scores, row_lens, out, page_table=tables,
+                                                 page_size=64, neg_inf_pad=True, use_triton=False))
+            print(f"  top-512 transform, {rows} x {L} keys: Triton {t * 1e6:.1f} us, torch reference "
+                  f"{t_ref * 1e6:.1f} us ({t_ref / t:.1f}x)")
+
+
+def sweep_topk(L: int) -> None:
+    """Top-512 kernel over L keys at 1 and 64 rows for a few TOPK_TUNING variants (warps, tiles, radix
+    digit width, group counts); each variant's picks are checked against the torch reference."""
+    base = dict(ix.TOPK_TUNING)
+    variants = [{}, {"num_warps": 8}, {"num_warps": 4}, {"chunk": 4096},
+                {"compact": 2048, "block": 1024, "num_warps": 8}, {"bits": 10}, {"bits": 11},
+                {"bits": 11, "num_warps": 8}, {"bits": 11, "compact": 2048, "block": 1024, "num_warps": 8},
+                {"groups_per_k": 2}, {"groups_per_k": 8}, {"max_groups": 1024}, {"max_groups": 4096}]
+    table = torch.arange(-(-L // 64), device="cuda").int().view(1, -1)
+    print(f"\n== top-512 kernel tilings over {L} keys (TOPK_TUNING overrides; us at 1 / 64 rows)")
+    for v in variants:
+        ix.TOPK_TUNING.clear()
+        ix.TOPK_TUNING.update(base, **v)
+        times = []
+        ok = True
+        for rows in (1, 64):
+            scores = torch.randn(rows, L, device="cuda")
+            lens = torch.full((rows,), L, dtype=torch.int32, device="cuda")
+            out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
+            try:
+                times.append(graph_time(functools.partial(ix.topk_transform_paged, scores, lens,
+                                                          table.expand(rows, -1).contiguous(), out, 64)))
+            except Exception as e:  # noqa: BLE001 - a tiling that does not compile is reported
+                print(f"  {v or 'default'}: failed: {type(e).__name__}: {str(e)[:100]}")
+                break
+            # identity page table: out holds positions; the picks must be the reference's values
+            want = scores.topk(512, dim=1).values.sort(dim=1).values
+            ok &= bool(torch.equal(scores.gather(1, out.long()).sort(dim=1).values, want))
+        if len(times) == 2:
+            print(f"  {v or 'default'}: {times[0] * 1e6:.1f} / {times[1] * 1e6:.1f} us, "
+                  f"picks {'match' if ok else 'DIFFER from'} torch.topk")
+    ix.TOPK_TUNING.clear()
+    ix.TOPK_TUNING.update(base)
 
 
 def diagnose_store() -> None:
@@ -169,6 +215,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="sweep sparse-decode tile configurations")
     ap.add_argument("--decode-only", action="store_true", help="skip the indexer and store diagnostics")
     ap.add_argument("--batches", default="1,16,64", help="batch sizes for the sparse decode")
+    ap.add_argument("--topk-sweep", action="store_true", help="time a few top-k kernel tilings (65536 keys)")
     args = ap.parse_args()
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -183,6 +230,9 @@ def main() -> None:
         bench_decode(65536, bw)
         for ctx in (4096, 65536):
             bench_indexer(ctx, bw)
+    if args.topk_sweep:
+        for L in (4096, 65536):
+            sweep_topk(L)
 
 
 if __name__ == "__main__":

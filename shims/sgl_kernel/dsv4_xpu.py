@@ -18,13 +18,14 @@ reproduces the CUDA JIT kernel the XPU branch replaces (the call sites in
 - norm + RoPE + store: RMSNorm, interleaved-pair RoPE on the last 64 dims, then the FP8 store into
   the V4 KV cache (584 B/token, 7 UE8M0 tiles of 64 + bf16 rope) or the indexer caches (FP8:
   Hadamard + one fp32 scale per 128; FP4: Hadamard + e2m1 with one UE8M0 scale per 32).
-- top-k transforms (`torch.ops.sgl_kernel.topk_transform`, `topk_transform_ragged`).
+- top-k transforms (`torch.ops.sgl_kernel.topk_transform`, `topk_transform_ragged`): served by
+  `kernels_triton.indexer.topk_transform_rows` (a Triton kernel on CUDA, its torch reference elsewhere).
 - mHC: hc_split_sinkhorn, mhc_pre, hc_post (= mhc_post) and their fusion, plus the LM-head mixer.
   The mHC math lives in `kernels_triton.mhc` (torch reference + Triton); this module only adapts
   the XPU-route signatures to it.
 
-All functions are device-agnostic torch code; inputs on CUDA stay on CUDA. Nothing here is fast: it is
-the CPU path and the semantic reference.
+All functions are device-agnostic torch code (the top-k transforms and mHC run Triton kernels on CUDA);
+inputs on CUDA stay on CUDA. Nothing else here is fast: it is the CPU path and the semantic reference.
 
 CUDA graphs: every function SGLang calls in a decode forward (the decode planners, flash_compress*_decode,
 compress_norm_rope_store with is_decode, fused_k_norm_rope_flashmla, fused_q_norm_rope,
@@ -854,21 +855,22 @@ def fused_q_indexer_rope_hadamard_quant(q_input: torch.Tensor, q_fp8: torch.Tens
 # ------------------------------------------------------------------------------------------------
 # Top-k transforms (torch.ops.sgl_kernel)
 # ------------------------------------------------------------------------------------------------
+def _indexer():
+    from kernels_triton import indexer
+
+    return indexer
+
+
 def _order_key(scores: torch.Tensor) -> torch.Tensor:
-    """Order-preserving int64 key of fp32 scores (exact, total: no ties among distinct floats)."""
-    bits = scores.float().contiguous().view(torch.int32).to(torch.int64)
-    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    """Order-preserving int64 key of scores (kernels_triton.indexer.topk_order_key: -0.0 ties +0.0,
+    NaN ranks above +inf). Kept with _select for the replaced implementations that
+    tests/ops/test_dsv4_graph_safe.py compares against."""
+    return _indexer().topk_order_key(scores)
 
 
 def _select(keys: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
     """Column indices of the k largest valid keys per row (rows have more than k valid columns)."""
-    keys = keys.masked_fill(~valid, torch.iinfo(torch.int64).min)
-    return torch.topk(keys, min(k, keys.shape[1]), dim=1).indices
-
-
-def _pad_cols(idx: torch.Tensor, k: int) -> torch.Tensor:
-    """[R, c] -> [R, k] padded with -1 (c < k only when the score row is narrower than k)."""
-    return idx if idx.shape[1] >= k else torch.nn.functional.pad(idx, (0, k - idx.shape[1]), value=-1)
+    return _indexer()._topk_select(keys, valid, k)
 
 
 def topk_transform(scores: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor,
@@ -877,28 +879,15 @@ def topk_transform(scores: torch.Tensor, seq_lens: torch.Tensor, page_table: tor
     """Replaces torch.ops.sgl_kernel.topk_transform (XPU) = JIT `topk_v1.cuh::TopKKernel::transform`.
 
     Row b picks k = out_page_indices.shape[1] columns of scores[b, :seq_lens[b]]: all of them in
-    order when seq_len <= k (then -1), else the k largest (order unspecified; here by value). Each
-    pick i is written as page_table[b, i >> log2(P)] << log2(P) | (i & (P - 1)); out_raw_indices
-    (optional) receives i.
+    order when seq_len <= k (then -1), else the k largest (order unspecified). Each pick i is written
+    as page_table[b, i >> log2(P)] << log2(P) | (i & (P - 1)); out_raw_indices (optional) receives i.
+    Picks of -inf scores are kept. The Triton kernel on CUDA, the torch reference elsewhere
+    (kernels_triton.indexer.topk_transform_rows).
     """
     if page_size <= 0 or page_size & (page_size - 1):
         raise ValueError("page_size must be a power of 2")
-    bits = page_size.bit_length() - 1
-    b, k = out_page_indices.shape
-    dev = scores.device
-    sl = seq_lens.to(torch.int64)
-    cols = torch.arange(k, device=dev)
-    short = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1)
-    # Graph-safe: select in every row and keep the selection only in rows longer than k.
-    rows = _first_rows(scores, b)
-    valid = torch.arange(rows.shape[1], device=dev)[None, :] < sl[:, None]
-    raw = torch.where((sl > k)[:, None], _pad_cols(_select(_order_key(rows), valid, k), k), short)
-    pt = page_table.to(torch.int64)
-    page = pt.gather(1, (raw.clamp(min=0) >> bits).clamp(max=pt.shape[1] - 1))
-    out = torch.where(raw >= 0, (page << bits) | (raw & (page_size - 1)), -1)
-    out_page_indices.copy_(out.to(out_page_indices.dtype))
-    if out_raw_indices is not None:
-        out_raw_indices.copy_(raw.to(out_raw_indices.dtype))
+    _indexer().topk_transform_rows(scores, seq_lens, out_page_indices, page_table=page_table,
+                                   page_size=page_size, out_raw=out_raw_indices)
 
 
 def topk_transform_ragged(scores: torch.Tensor, seq_lens: torch.Tensor, out_indices: torch.Tensor,
@@ -907,24 +896,10 @@ def topk_transform_ragged(scores: torch.Tensor, seq_lens: torch.Tensor, out_indi
 
     Row i picks k = out_indices.shape[1] positions p of the window scores[i, s : s + seq_lens[i]]
     (s = row_starts[i], 0 if None): all in order when seq_len <= k, else the k largest; writes
-    p + out_offsets[i], -1 padded. Unlike the CUDA kernel, `scores` is left unmodified.
+    p + out_offsets[i], -1 padded. Unlike the CUDA kernel, `scores` is left unmodified. A window is
+    assumed to lie inside its row (positions past the row end read its last score).
     """
-    n, k = out_indices.shape
-    dev = scores.device
-    sl = seq_lens.to(torch.int64)
-    off = out_offsets.to(torch.int64)
-    starts = torch.zeros_like(sl) if row_starts is None else row_starts.to(torch.int64)
-    cols = torch.arange(k, device=dev)
-    short = torch.where(cols[None, :] < sl[:, None], cols[None, :], -1)
-    # Graph-safe: every row's window is read over the full score width (a fixed shape; a window
-    # is assumed to lie inside its row), selected, and kept only in rows longer than k.
-    width = scores.shape[1]
-    j = torch.arange(width, device=dev)
-    idx = (starts[:, None] + j[None, :]).clamp(0, max(width - 1, 0))
-    keys = _order_key(_first_rows(scores, n).gather(1, idx))
-    pos = torch.where((sl > k)[:, None], _pad_cols(_select(keys, j[None, :] < sl[:, None], k), k), short)
-    out = torch.where(pos >= 0, pos + off[:, None], -1)
-    out_indices.copy_(out.to(out_indices.dtype))
+    _indexer().topk_transform_rows(scores, seq_lens, out_indices, offsets=out_offsets, row_starts=row_starts)
 
 
 def topk_transform_paged(scores: torch.Tensor, seq_lens: torch.Tensor, page_tables: torch.Tensor,

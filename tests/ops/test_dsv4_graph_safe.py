@@ -605,6 +605,19 @@ def _graph_safe_calls() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
         "torch.ops.sgl_kernel.topk_transform_ragged": (torch.ops.sgl_kernel.topk_transform_ragged, [
             torch.randn(4, 40), torch.tensor([3, 20, 30, 0]), torch.empty(4, 8, dtype=torch.int32),
             torch.arange(4), torch.tensor([0, 5, 10, 0])]),
+        # SGLang's dsv4.topk functions (kernels_triton.indexer; torch path here, Triton on CUDA: see
+        # test_topk_triton_wrapper_is_capturable)
+        "indexer.topk_transform_paged": (IX.topk_transform_paged, [
+            torch.randn(4, 40), torch.tensor([3, 20, 40, 0]), torch.randint(0, 9, (4, 5), dtype=torch.int32),
+            torch.empty(4, 8, dtype=torch.int32), 8, torch.empty(4, 8, dtype=torch.int32)]),
+        "indexer.topk_transform_paged_v2[raw]": (IX.topk_transform_paged_v2, [
+            torch.randn(4, 40), torch.tensor([3, 20, 40, 0]), None, torch.empty(4, 8, dtype=torch.int32), 8,
+            torch.empty(5, 2, dtype=torch.int32)]),
+        "indexer.topk_transform_ragged_v2": (
+            lambda s, sl, off, out, st: IX.topk_transform_ragged_v2(s, sl, out_offsets=off, out_indices=out,
+                                                                    row_starts=st),
+            [torch.randn(4, 40), torch.tensor([3, 20, 30, 0]), torch.arange(4), torch.empty(4, 8, dtype=torch.int32),
+             torch.tensor([0, 5, 10, 0])]),
         "fused_store_cache_v4": (X.fused_store_cache_v4, [torch.randn(3, 512), torch.zeros(
             2, X._v4_page_bytes(16), dtype=torch.uint8), torch.tensor([1, 5, 20]), 16]),
         "fused_store_cache_indexer": (X.fused_store_cache_indexer, [torch.randn(3, 128), torch.zeros(
@@ -669,6 +682,32 @@ def test_indexer_triton_wrapper_is_capturable(monkeypatch: pytest.MonkeyPatch) -
                        torch.tensor([[70], [5]], dtype=torch.int32), torch.tensor([[0, 2], [1, 0]], dtype=torch.int64),
                        128)
     assert out.shape == (2, 128) and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("mode", ["paged", "raw", "ragged", "strided_out"])
+def test_topk_triton_wrapper_is_capturable(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path of every top-k transform (dsv4_xpu's ops and kernels_triton.indexer's functions):
+    the host code around the one kernel launch reads shapes only."""
+    grids = []
+
+    class _Recorded(_NoLaunch):
+        def __getitem__(self, grid: Any) -> Callable[..., None]:
+            grids.append(grid)
+            return super().__getitem__(grid)
+
+    monkeypatch.setattr(IX, "_topk_transform_kernel", _Recorded())
+    out = torch.empty(3, 16, dtype=torch.int32)
+    kw: dict[str, Any] = {}
+    if mode == "paged":
+        kw = {"page_table": torch.zeros(3, 5, dtype=torch.int32), "page_size": 64,
+              "out_raw": torch.empty(3, 16, dtype=torch.int64), "neg_inf_pad": True}
+    elif mode == "ragged":
+        kw = {"offsets": torch.arange(3), "row_starts": torch.tensor([0, 0, 10])}
+    elif mode == "strided_out":  # written through a contiguous buffer, then copied back
+        out = torch.empty(16, 3, dtype=torch.int32).t()
+    _run_on_meta(IX.topk_transform_triton, torch.randn(3, 300), torch.tensor([5, 300, 40], dtype=torch.int32),
+                 out, **kw)
+    assert len(grids) == 1 and grids[0] == (3,)
 
 
 _OLD = {
