@@ -430,11 +430,12 @@ def _launch(q3: torch.Tensor, s_q: int, *, kv: torch.Tensor, kv_fp8: bool, indic
     ex_topk = extra[3].shape[1] if extra is not None else 0
     n_blocks = triton.cdiv(topk, block_n) + triton.cdiv(ex_topk, block_n)
     if num_splits is None:
-        # About one wave of programs, at least 2 blocks per split (H200 sweep, RESULTS.md
-        # 2026-11-29: batch 1 -> 10 splits of 2 blocks was best, 1 block per split pays more in
-        # partials and combine than it saves; batch >= 16 wants few or no splits).
+        # About one wave of programs, down to one block per split (H200 sweeps, RESULTS.md: with the
+        # one-load combine of 2026-11-30, batch 1 -> 20 splits of one 32-token block took 12.6 us
+        # against 15.9 for 10 of two; before it, 1 block per split lost to the combine's cost;
+        # batch >= 16 wants few or no splits).
         want = triton.cdiv(_num_sms(q3.device), max(1, t * n_hb))
-        num_splits = max(1, min(want, triton.cdiv(n_blocks, 2), 32))
+        num_splits = max(1, min(want, n_blocks, 32))
     num_splits = max(1, min(num_splits, max(1, n_blocks)))
     bps = triton.cdiv(max(1, n_blocks), num_splits)
     num_splits = triton.cdiv(max(1, n_blocks), bps)
@@ -515,7 +516,7 @@ def sparse_mla_decode_triton(
 
     Keyword-only tuning knobs (defaults from the H200 sweep of scripts/bench/attention.py):
     num_splits (token-list splits merged by the combine kernel), block_h (heads per program),
-    block_n (tokens per step), num_warps, num_stages.
+    block_n (tokens per step), num_warps, num_stages (1 by default).
     """
     b, s_q, h_q, d = q.shape
     if softmax_scale is None:
@@ -545,7 +546,10 @@ def sparse_mla_decode_triton(
             scale=softmax_scale, d_v=head_dim_v, out=out.view(t, h_q, head_dim_v), lse=lse,
             lse_strides=(lse.stride(0), lse.stride(1), lse.stride(2)), max_out=None, lse_log2=False,
             num_splits=num_splits, block_h=block_h, block_n=block_n, num_warps=num_warps,
-            num_stages=num_stages)
+            # One stage by default: a step's token gather depends on its own index load, so deeper
+            # pipelining only costs registers (H200 sweep of 2026-11-30, RESULTS.md: batch 1/16/64
+            # 14.3/37.5/90.2 us against 16.0/41.0/91.5 with Triton's default stages).
+            num_stages=1 if num_stages is None else num_stages)
     return out, lse
 
 
