@@ -479,18 +479,21 @@ def num_sms(device: torch.device | None = None) -> int:
 
 # Set by tests (with TRITON_INTERPRET=1) to run the Triton kernel on CPU tensors.
 TOPK_TRITON_ON_CPU = False
-# Kernel tiling: chosen from estimates and ptxas register counts, not yet timed on a GPU
-# (scripts/bench/attention.py times the kernel against the torch reference).
+# Kernel tiling, from the H200 sweep of 2026-11-30 (scripts/bench/attention.py --topk-sweep, each
+# variant's picks checked against torch.topk; RESULTS.md): 8 warps with 2048-position compaction
+# and 1024-key radix tiles took 26.7 us over 4,096 scores and 43.7 us over 65,536 (one row), against
+# 30.7 / 47.3 us with 16 warps and twice the tiles; 10- or 11-bit digits were 3-4x slower (their
+# histograms), fewer or more groups no faster.
 TOPK_TUNING: dict[str, int] = {
     "max_groups": 2048,  # group maxima per row at most (step 2 selects among them)
     "groups_per_k": 4,  # aim for this many groups per pick: the pivot then sits above most scores
     # Per-iteration tiles (powers of two). The loops of a program run one after another, each
     # iteration waiting on its loads, so large tiles keep more bytes in flight.
     "chunk": 16384,  # window positions per iteration of the full-row pass (step 1)
-    "compact": 4096,  # positions per iteration of step 3 (below 65536: two counts share one scan)
-    "block": 2048,  # keys per iteration of the radix selects and the writes
+    "compact": 2048,  # positions per iteration of step 3 (below 65536: two counts share one scan)
+    "block": 1024,  # keys per iteration of the radix selects and the writes
     "bits": 8,  # radix digit width (histogram bins = 2 ** bits)
-    "num_warps": 16,  # with the tiles above: 128 registers on sm_90 (ptxas), no occupancy lost below 132 rows
+    "num_warps": 8,
     "programs_per_sm": 2,  # programs on CUDA: each loops over rows, so the workspace stays bounded
     "cpu_programs": 4,  # programs under the interpreter
 }
