@@ -374,7 +374,8 @@ def _combine_kernel(part_o_ptr, part_stat_ptr, sink_ptr, o_ptr, stride_ot, strid
 
     The D chunk is a grid axis so that at batch 1 the merge runs on DV / BLOCK_D times more SMs, and
     every split's [BLOCK_H, BLOCK_D] partial is one [SPLITS_P2, BLOCK_H, BLOCK_D] load: a loop over
-    the splits waited for one L2 round trip per split, at batch 1 the merge's whole cost.
+    the splits waited for one L2 round trip per split (on the H200 the one load took a batch-1 layer
+    from 17.5 to 15.5 us).
     """
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
