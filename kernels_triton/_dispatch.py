@@ -18,6 +18,16 @@ def use_triton(*tensors: torch.Tensor) -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("WINPORT_TRITON_ON_CPU") == "1"
 
 
+def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows 0..n-1 of `t` (n fixed by a shape, so no sync); rows past its end repeat the last row.
+
+    The repeated rows belong to masked-out rows only: a kept row past the end was an IndexError before.
+    """
+    if t.shape[0] >= n:
+        return t[:n]
+    return t[torch.arange(n, device=t.device).clamp(max=t.shape[0] - 1)]
+
+
 def next_pow2(n: int) -> int:
     """Smallest power of two >= n (>= 1)."""
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

@@ -33,6 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_triton import _dispatch
 from kernels_triton.sparse_mla import interpreting, mma
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -477,8 +478,6 @@ def num_sms(device: torch.device | None = None) -> int:
 # one histogram (tl.histogram, no mask argument) per BITS-wide digit. No host reads: the launch only
 # uses shapes, so it can be captured in a CUDA graph.
 
-# Set by tests (with TRITON_INTERPRET=1) to run the Triton kernel on CPU tensors.
-TOPK_TRITON_ON_CPU = False
 # Kernel tiling, from the H200 sweep of 2026-11-30 (scripts/bench/attention.py --topk-sweep, each
 # variant's picks checked against torch.topk; RESULTS.md): 8 warps with 2048-position compaction
 # and 1024-key radix tiles took 26.7 us over 4,096 scores and 43.7 us over 65,536 (one row), against
@@ -839,13 +838,6 @@ def _topk_select(keys: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tenso
     return torch.topk(keys, min(k, keys.shape[1]), dim=1).indices
 
 
-def _first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """Rows 0..n-1 of t (rows past its end repeat the last one); no host read."""
-    if t.shape[0] >= n:
-        return t[:n]
-    return t[torch.arange(n, device=t.device).clamp(max=t.shape[0] - 1)]
-
-
 def topk_positions_reference(scores: torch.Tensor, seq_lens: torch.Tensor, rows: int, k: int,
                              row_starts: torch.Tensor | None = None, neg_inf_pad: bool = False) -> torch.Tensor:
     """The torch reference of the kernel's selection: int64 [rows, k] window positions (-1: none).
@@ -858,7 +850,7 @@ def topk_positions_reference(scores: torch.Tensor, seq_lens: torch.Tensor, rows:
     lens = seq_lens.reshape(rows).to(torch.int64)
     cols = torch.arange(k, device=dev)
     short = torch.where(cols[None, :] < lens[:, None], cols[None, :], -1)
-    src = _first_rows(scores, rows)
+    src = _dispatch.first_rows(scores, rows)
     j = torch.arange(width, device=dev)
     if row_starts is not None:
         idx = (row_starts.reshape(rows).to(torch.int64)[:, None] + j[None, :]).clamp(0, max(width - 1, 0))
@@ -880,10 +872,6 @@ def _page_transform(pos: torch.Tensor, page_table: torch.Tensor, page_size: int)
     return torch.where(pos >= 0, page * page_size + p % page_size, -1)
 
 
-def _topk_on_triton(scores: torch.Tensor) -> bool:
-    return scores.is_cuda or (TOPK_TRITON_ON_CPU and scores.device.type == "cpu" and interpreting())
-
-
 def topk_transform_rows(scores: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, *,
                         page_table: torch.Tensor | None = None, page_size: int = 1,
                         out_raw: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
@@ -892,12 +880,12 @@ def topk_transform_rows(scores: torch.Tensor, seq_lens: torch.Tensor, out: torch
     """The top-k transform behind every public one (semantics in the comment above the kernel).
 
     Writes out [rows, k] (and out_raw); positions go through page_table (paged) or get offsets
-    added (ragged), or are written as they are. use_triton: None = the kernel on CUDA tensors (and
-    on CPU tensors when TOPK_TRITON_ON_CPU is set under the interpreter), the torch reference
-    elsewhere; True / False force one.
+    added (ragged), or are written as they are. use_triton: None = the kernel where
+    `_dispatch.use_triton` says (CUDA tensors; CPU tensors under TRITON_INTERPRET=1 with
+    WINPORT_TRITON_ON_CPU=1), the torch reference elsewhere; True / False force one.
     """
     if use_triton is None:
-        use_triton = _topk_on_triton(scores)
+        use_triton = _dispatch.use_triton(scores)
     if use_triton:
         topk_transform_triton(scores, seq_lens, out, page_table=page_table, page_size=page_size,
                               out_raw=out_raw, offsets=offsets, row_starts=row_starts, neg_inf_pad=neg_inf_pad)

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels_triton._dispatch import first_rows
+
 __all__ = [
     "compress_norm_rope_store",
     "flash_compress4_decode",
@@ -125,16 +127,6 @@ def _select_rows(keep: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> to
     shape = (-1,) + (1,) * (old.dim() - 1)
     out = torch.where(keep.view(shape), new.to(old.dtype).contiguous().view(it), old.contiguous().view(it))
     return out.view(old.dtype)
-
-
-def _first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """Rows 0..n-1 of `t` (n fixed by a shape, so no sync); rows past its end repeat the last row.
-
-    The repeated rows belong to masked-out rows only: a kept row past the end was an IndexError before.
-    """
-    if t.shape[0] >= n:
-        return t[:n]
-    return t[torch.arange(n, device=t.device).clamp(max=t.shape[0] - 1)]
 
 
 def _table_rows(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -773,7 +765,7 @@ def compress_norm_rope_store(kv: torch.Tensor, plan: torch.Tensor, norm_weight: 
         if n == 0:
             return
         keep = seq % ratio == 0
-        loc = _first_rows(out_loc, n).to(torch.int64)
+        loc = first_rows(out_loc, n).to(torch.int64)
         freqs = _table_rows(freqs_cis, seq - ratio).float()
         data = _rms_norm(kv[:n], norm_weight.to(kv.dtype), norm_eps)
     else:
@@ -814,7 +806,7 @@ def fused_k_norm_rope_flashmla(kv: torch.Tensor, kv_weight: torch.Tensor, freqs_
         return
     # Graph-safe: all rows are normalized and roped; rows with out_loc < 0 are masked out of the store.
     data = _rms_norm(kv[:n], kv_weight.to(kv.dtype), eps)
-    freqs = _table_rows(freqs_cis, _first_rows(positions, n)).float()
+    freqs = _table_rows(freqs_cis, first_rows(positions, n)).float()
     _store_v4(_pages(kvcache, _v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=False,
               keep=loc >= 0)
 
@@ -859,18 +851,6 @@ def _indexer():
     from kernels_triton import indexer
 
     return indexer
-
-
-def _order_key(scores: torch.Tensor) -> torch.Tensor:
-    """Order-preserving int64 key of scores (kernels_triton.indexer.topk_order_key: -0.0 ties +0.0,
-    NaN ranks above +inf). Kept with _select for the replaced implementations that
-    tests/ops/test_dsv4_graph_safe.py compares against."""
-    return _indexer().topk_order_key(scores)
-
-
-def _select(keys: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
-    """Column indices of the k largest valid keys per row (rows have more than k valid columns)."""
-    return _indexer()._topk_select(keys, valid, k)
 
 
 def topk_transform(scores: torch.Tensor, seq_lens: torch.Tensor, page_table: torch.Tensor,

@@ -220,7 +220,7 @@ def _old_topk_transform(scores, seq_lens, page_table, out_page_indices, page_siz
     if bool(big.any()):
         rows = torch.nonzero(big).flatten()
         valid = torch.arange(scores.shape[1], device=dev)[None, :] < sl[rows, None]
-        raw[rows] = X._select(X._order_key(scores[rows]), valid, k)
+        raw[rows] = IX._topk_select(IX.topk_order_key(scores[rows]), valid, k)
     pt = page_table.to(torch.int64)
     page = pt.gather(1, (raw.clamp(min=0) >> bits).clamp(max=pt.shape[1] - 1))
     out = torch.where(raw >= 0, (page << bits) | (raw & (page_size - 1)), -1)
@@ -243,8 +243,8 @@ def _old_topk_transform_ragged(scores, seq_lens, out_indices, out_offsets, row_s
         span = int(sl[rows].max())
         j = torch.arange(span, device=dev)
         idx = (starts[rows, None] + j[None, :]).clamp(0, scores.shape[1] - 1)
-        keys = X._order_key(scores[rows].gather(1, idx))
-        pos[rows] = X._select(keys, j[None, :] < sl[rows, None], k)
+        keys = IX.topk_order_key(scores[rows].gather(1, idx))
+        pos[rows] = IX._topk_select(keys, j[None, :] < sl[rows, None], k)
     out = torch.where(pos >= 0, pos + off[:, None], -1)
     out_indices.copy_(out.to(out_indices.dtype))
 

@@ -276,9 +276,9 @@ def test_topk_v2_and_ragged() -> None:
 #
 # `topk_transform_rows` is the one transform behind every public one; `use_triton` picks the kernel or
 # the torch reference. On a CPU-only machine the kernel runs under the interpreter (the `topk_kernel`
-# fixture sets TOPK_TRITON_ON_CPU); tiles are made small so that the test sizes run every loop of the
-# kernel several times (chunks of the full-row pass, blocks of the others, rows per program) and reach
-# both outcomes of the pivot step. Outputs start as POISON, so an unwritten slot fails.
+# fixture sets WINPORT_TRITON_ON_CPU=1, kernels_triton._dispatch's switch); tiles are made small so
+# that the test sizes run every loop of the kernel several times (chunks of the full-row pass, blocks
+# of the others, rows per program) and reach both outcomes of the pivot step. Outputs start as POISON, so an unwritten slot fails.
 
 TOPK_DEV = "cuda" if torch.cuda.is_available() else "cpu"
 POISON = -(2**30)  # no transform writes it: positions are >= -1, page ids and offsets are small here
@@ -292,7 +292,7 @@ def _route_to_kernel(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     if TOPK_DEV == "cpu":
         if os.environ.get("TRITON_INTERPRET") != "1":
             pytest.skip("the kernel runs on CPU tensors only under TRITON_INTERPRET=1")
-        monkeypatch.setattr(ix, "TOPK_TRITON_ON_CPU", True)
+        monkeypatch.setenv("WINPORT_TRITON_ON_CPU", "1")
     calls: list[int] = []
     launch = ix.topk_transform_triton
 
@@ -567,7 +567,7 @@ def test_topk_public_functions_use_the_kernel(topk_kernel: list[int], monkeypatc
             before = len(topk_kernel)
             with monkeypatch.context() as m:
                 if route == "torch":
-                    m.setattr(ix, "_topk_on_triton", lambda scores: False)
+                    m.setattr(ix._dispatch, "use_triton", lambda *tensors: False)
                 o = torch.full((rows, k), POISON, dtype=torch.int32, device=TOPK_DEV)
                 w = torch.full_like(o, POISON)
                 call(o, w)
