@@ -324,7 +324,8 @@ def write_specs(path: Path = SPECS_PATH) -> tuple[int, int, list[str]]:
     """Merge this session's records (and its children's) into path; returns (kernels, specs, errors).
 
     Kernels launched in this session get their records replaced; the other kernels' records stay,
-    so a partial run (one test file) does not drop kernels it did not launch.
+    so a partial run (one test file) does not drop kernels it did not launch, unless the kernel no
+    longer exists in kernels_triton.
     """
     import triton
 
@@ -343,6 +344,8 @@ def write_specs(path: Path = SPECS_PATH) -> tuple[int, int, list[str]]:
     if errors:
         return 0, 0, errors
     old = json.loads(path.read_text())["kernels"] if path.exists() else {}
+    existing = jit_functions()
+    old = {k: v for k, v in old.items() if k in existing}  # a kernel removed from kernels_triton: drop its records
     kernels = {**old, **_RECORDER.dump()}
     kernels = {k: _sorted_entries(kernels[k]) for k in sorted(kernels)}
     doc = {
