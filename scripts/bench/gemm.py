@@ -20,6 +20,7 @@ import os
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -31,7 +32,8 @@ from kernels_triton.fp8_gemm import (  # noqa: E402
     fp8_block_gemm,
 )
 
-SMALL_M = (2, 4, 8, 16)  # decode batches / speculative verify blocks timed with the defaults
+SMALL_M = (2, 3, 4, 5, 8, 16)  # decode batches / speculative verify blocks timed with the defaults
+DOT_M = (2, 3, 4)  # ... and with the tl.dot split-K path forced
 SHAPES = [(25600, 6144), (16384, 1280), (5120, 4096), (4096, 1280), (5120, 1152), (2304, 5120), (1792, 5120)]
 LAYERS = 40
 FP8 = torch.float8_e4m3fn
@@ -152,6 +154,57 @@ def layer_sequence_time(mode: str, layers: int = 4) -> tuple[float, int]:
     return ms, nbytes
 
 
+ROWS_SWEEP_M = (2, 3, 4, 5, 6, 8)
+ROWS_SWEEP_TILES = [(8, 512, 4), (8, 1024, 4), (8, 1024, 8), (8, 2048, 4), (8, 2048, 8), (4, 1024, 4),
+                    (4, 2048, 4), (4, 4096, 4), (2, 4096, 4), (2, 8192, 4), (16, 512, 8), (16, 1024, 8)]
+
+
+def rows_sweep(sweep_tiles: list[tuple[int, int, int]]) -> list[dict]:
+    """M = 2..8: per shape, the default dispatch, the tl.dot split-K path and every tile of
+    `sweep_tiles` in the GEMV kernel (one split, PDL by the shipped rule); prints per-layer sums
+    for each and each tile's mean time relative to the per-shape best (to choose a default rule)."""
+    out = []
+    sums: dict = {}
+    rel: dict = {}
+    dev = torch.device("cuda")
+    for n, k in SHAPES:
+        copies = max(2, int(3 * 60e6 // (n * k)) + 1)
+        wts = Weights(n, k, 32, 32, copies)
+        m1 = gemv_time(wts, 1, None)
+        sums[("M1",)] = sums.get(("M1",), 0.0) + m1
+        for m in ROWS_SWEEP_M:
+            row = {"n": n, "k": k, "m": m, "m1_ms": m1, "default_ms": gemv_time(wts, m, None),
+                   "dot_ms": gemv_time(wts, m, default_config(m, n, k, 32, 32, dev))}
+            tiles = {}
+            for bn_, bk_, w in sweep_tiles:
+                if bk_ > max(512, triton.next_power_of_2(k)):
+                    continue
+                try:
+                    tiles[f"{bn_}x{bk_}w{w}"] = gemv_time(wts, m, GemvConfig(bn_, bk_, 1, w, 1), repeat=1)
+                except Exception as e:  # noqa: BLE001 - report, keep sweeping
+                    print(f"  M={m} {n}x{k} {bn_}x{bk_}w{w} failed: {type(e).__name__}: {str(e)[:80]}")
+            best = min(tiles.items(), key=lambda kv: kv[1])
+            row["tiles_ms"] = tiles
+            row["best"] = best
+            for key, t in tiles.items():
+                rel.setdefault((m, key), []).append(t / best[1])
+            for name, t in (("default", row["default_ms"]), ("dot", row["dot_ms"]), ("best", best[1])):
+                sums[(name, m)] = sums.get((name, m), 0.0) + t
+            out.append(row)
+            print(f"M={m} {n:>6}x{k:<5}: M=1 {m1 * 1e3:.1f} | default {row['default_ms'] * 1e3:.1f} | tl.dot "
+                  f"{row['dot_ms'] * 1e3:.1f} | best tile {best[0]} {best[1] * 1e3:.1f} us | top 3: "
+                  + "; ".join(f"{c} {t * 1e3:.1f}" for c, t in sorted(tiles.items(), key=lambda kv: kv[1])[:3]))
+        del wts
+        torch.cuda.empty_cache()
+    print(f"per layer M=1: {sums[('M1',)] * 1e3:.1f} us")
+    for m in ROWS_SWEEP_M:
+        line = f"per layer M={m}: default {sums[('default', m)] * 1e3:.1f} us, tl.dot {sums[('dot', m)] * 1e3:.1f} us, " \
+               f"best tile per shape {sums[('best', m)] * 1e3:.1f} us; tiles (mean time / best): "
+        tops = sorted(((sum(v) / len(v), key) for (mm, key), v in rel.items() if mm == m))[:4]
+        print(line + "; ".join(f"{key} {r:.3f}" for r, key in tops))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", action="store_true", help="try GEMV configs and report the best per shape")
@@ -159,21 +212,29 @@ def main() -> None:
     ap.add_argument("--prefill-sweep", action="store_true", help="try the M=2048 GEMM configs too")
     ap.add_argument("--sweep-tiles", default="",
                     help="M=1 sweep tiles as BLOCK_NxBLOCK_K,... (default: the 2026-11-29 sweep's seven)")
-    ap.add_argument("--sweep-m", action="store_true", help="sweep the multi-row GEMV (M = 2, 4, 8) K step / warps")
+    ap.add_argument("--rows-sweep", action="store_true",
+                    help="only the M = 2..8 GEMV tile sweep against the default dispatch and the tl.dot path")
+    ap.add_argument("--rows-tiles", default="",
+                    help="tiles of --rows-sweep as BLOCK_NxBLOCK_KwWARPS,... (default: ROWS_SWEEP_TILES)")
     ap.add_argument("--baseline", action="store_true",
                     help="also time scripts/bench/_fp8_gemm_before.py's GEMV (the previous kernel), if present")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     print(f"# FP8 GEMM bench {datetime.date.today()} on {dev}, torch {torch.__version__}")
-    import triton
-
     print(f"# triton {triton.__version__}")
     res: dict = {"device": dev, "date": str(datetime.date.today())}
     copy_bw = copy_bandwidth()
     res["copy_GBps"] = copy_bw
     print(f"copy bandwidth: {copy_bw:.0f} GB/s (read+write)")
 
+    if args.rows_sweep:
+        tiles = [tuple(int(v) for v in t.replace("w", "x").split("x")) for t in args.rows_tiles.split(",")] \
+            if args.rows_tiles else ROWS_SWEEP_TILES
+        res["rows_sweep"] = rows_sweep(tiles)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        return
     # M = 1 GEMV sweep: (block_n, block_k) x warps x (no split, ~4 CTAs/SM of splits); the split
     # count is a runtime argument, so only split-or-not doubles the compiles.
     sweep_tiles = [(8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512)]
@@ -246,26 +307,13 @@ def main() -> None:
         bf_ms = graph_bench([lambda w=w: torch.matmul(xb, w.t()) for w in bfs * 2])  # noqa: B023
         del bfs
         small = {m: gemv_time(wts, m, None) for m in SMALL_M}
-        # the tl.dot split-K path at the same M, forced (the default for M >= 4 and for M = 2 with
-        # K < 4096; next to the multi-row GEMV that the defaults take for M = 2 with K >= 4096)
-        dot_path = {m: gemv_time(wts, m, default_config(m, n, k, 32, 32, torch.device("cuda"))) for m in (2, 4, 8)}
+        # the tl.dot split-K path at the same M, forced (the default from M = 4 on; next to the GEMV
+        # kernel that the defaults take for M = 2 and 3)
+        dot_path = {m: gemv_time(wts, m, default_config(m, n, k, 32, 32, torch.device("cuda"))) for m in DOT_M}
         for m_ in SMALL_M:
             small_sum[m_] = small_sum.get(m_, 0.0) + small[m_]
         for m_ in dot_path:
             dot_sum[m_] = dot_sum.get(m_, 0.0) + dot_path[m_]
-        if args.sweep_m:
-            for m_ in (2, 4, 8):
-                tops = []
-                for bk_ in (256, 512, 1024):
-                    for w in (4, 8):
-                        cfg = GemvConfig(8, bk_, 1, w, 1)
-                        try:
-                            tops.append((gemv_time(wts, m_, cfg, repeat=1), f"8,{bk_},1,{w},1"))
-                        except Exception as e:  # noqa: BLE001
-                            print(f"  M={m_} cfg {cfg} failed: {type(e).__name__}: {str(e)[:80]}")
-                tops.sort()
-                print(f"  M={m_} {n}x{k}: default {small[m_] * 1e3:.1f} us; sweep top 3: "
-                      + "; ".join(f"{c} {t * 1e3:.1f}" for t, c in tops[:3]))
         nopdl_total += nopdl_ms
         rows.append({"n": n, "k": k, "ms": ms, "no_pdl_ms": nopdl_ms, "pdl_ms": force_ms, "GBps": gbps, "pct_copy": 100 * gbps / copy_bw,
                      "scaled_mm_ms_M16": smm, "bf16_matmul_ms_M1": bf_ms,
@@ -278,8 +326,8 @@ def main() -> None:
               f" | PDL off {nopdl_ms * 1e3:.1f} us ({100 * wts.nbytes() / nopdl_ms / 1e6 / copy_bw:.1f}%)"
               f" | PDL on {force_ms * 1e3:.1f} us ({100 * wts.nbytes() / force_ms / 1e6 / copy_bw:.1f}%)"
               f" | before: {'n/a' if before_ms is None else f'{before_ms * 1e3:.1f} us'}"
-              f" | M=2/4/8/16: {'/'.join(f'{small[m_] * 1e3:.1f}' for m_ in SMALL_M)} us"
-              f" (tl.dot path M=2/4/8: {'/'.join(f'{dot_path[m_] * 1e3:.1f}' for m_ in (2, 4, 8))})"
+              f" | M={'/'.join(map(str, SMALL_M))}: {'/'.join(f'{small[m_] * 1e3:.1f}' for m_ in SMALL_M)} us"
+              f" (tl.dot path M={'/'.join(map(str, DOT_M))}: {'/'.join(f'{dot_path[m_] * 1e3:.1f}' for m_ in DOT_M)})"
               f" | _scaled_mm(M=16, per-tensor): {'n/a' if smm is None else f'{smm * 1e3:.1f} us'}"
               f" | bf16 matmul M=1: {bf_ms * 1e3:.1f} us")
         del wts
