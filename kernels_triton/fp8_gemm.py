@@ -26,9 +26,9 @@ c=None) -> Tensor`
     bytes, lowest byte = lowest K group) -> float32 powers of two [..., num_groups].
 
 Kernel notes (why it looks like this)
-- Decode is bound by reading the weight once. Tensor-core-free GEMV kernels (`_fp8_gemv_kernel`
-  for M = 1, `_fp8_gemv_multi_kernel` for 2..8 rows; see their docstrings) by default for M = 1
-  and for M = 2 on K >= 4096 (`default_gemv_config` says why); other M <= 16 and batched
+- Decode is bound by reading the weight once. A tensor-core-free GEMV kernel (`_fp8_gemv_kernel`,
+  1..8 rows; its docstring says why it looks like it does) by default for M = 1..3, and M = 4 on
+  small weights (`default_gemv_config`, GEMV_MAX_M say why); other M <= 16 and batched
   operands: the tl.dot kernel with a 16-row tile. Both can split K over CTAs
   with a "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is
   launched; the counters reset themselves, which keeps the path CUDA-graph safe.
@@ -286,32 +286,92 @@ if _HAVE_TRITON:
 
 
     @triton.jit
-    def _fp8_gemv_step(w, x_rows, as_ptr, bs_row_ptr, it, K, s_ak, s_ask, s_bsk,
-                       GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
-        """One K step of `_fp8_gemv_kernel` on its loaded weight tile -> scaled [BLOCK_N, BLOCK_K / VEC] partials."""
+    def _fp8_gemv_x(a_row, kk, K, s_ak):
+        """One activation row's fp8 x for one K step, loaded in the weight tile's 2-D layout (broadcast
+        over its rows: `a_row` holds one pointer per tile row, all equal)."""
+        return tl.load(a_row + kk[None, :] * s_ak, mask=(kk < K)[None, :], other=0.0)
+
+
+    @triton.jit
+    def _fp8_gemv_part(wf, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+        """The [BLOCK_N, BLOCK_K] fp32 weight tile `wf` times one row's x, summed in-thread over
+        VEC-wide chunks -> unscaled [BLOCK_N, BLOCK_K / VEC] partials."""
+        return tl.sum(tl.reshape(wf * x.to(tl.float32), (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+
+
+    @triton.jit
+    def _fp8_gemv_step(w, x_rows, as_ptr, bs_row, it, K, s_am, s_ak, s_asm, s_ask, s_bsk,
+                       acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7,
+                       ROWS: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       VEC: tl.constexpr):
+        """One K step of `_fp8_gemv_kernel` on its loaded fp8 weight tile `w`: converts it to fp32 once
+        and adds each activation row's scaled partials to that row's accumulator (acc<r> for row
+        r < ROWS; the others pass through untouched and are compiled away).
+
+        Row 0 keeps the order of the former M = 1 kernel, which gives the same PTX: x loaded before
+        the weight is converted, the scales loaded after the partial sums. A version that converted
+        the weight first and loaded the weight scales first was 0.9 us slower on 5120x4096 (H200)."""
         kk = it * BLOCK_K + tl.arange(0, BLOCK_K)
-        x = tl.load(x_rows + kk[None, :] * s_ak, mask=(kk < K)[None, :], other=0.0)
-        prod = w.to(tl.float32) * x.to(tl.float32)
-        part = tl.sum(tl.reshape(prod, (BLOCK_N, BLOCK_K // VEC, VEC)), axis=2)
+        x = _fp8_gemv_x(x_rows, kk, K, s_ak)
+        wf = w.to(tl.float32)
+        part = _fp8_gemv_part(wf, x, BLOCK_N, BLOCK_K, VEC)
         kc = it * BLOCK_K + tl.arange(0, BLOCK_K // VEC) * VEC
         c_mask = kc < K
         g = kc // GK
-        scl = (tl.load(as_ptr + g * s_ask, mask=c_mask, other=0.0)
-               * tl.load(bs_row_ptr + g * s_bsk, mask=c_mask, other=0.0))
-        return part * scl[None, :]
+        sa = tl.load(as_ptr + g * s_ask, mask=c_mask, other=0.0)
+        sb = tl.load(bs_row + g * s_bsk, mask=c_mask, other=0.0)
+        acc0 += part * (sa * sb)[None, :]
+        if ROWS > 1:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc1 += part * (tl.load(as_ptr + s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        if ROWS > 2:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + 2 * s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc2 += part * (tl.load(as_ptr + 2 * s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        if ROWS > 3:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + 3 * s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc3 += part * (tl.load(as_ptr + 3 * s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        if ROWS > 4:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + 4 * s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc4 += part * (tl.load(as_ptr + 4 * s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        if ROWS > 5:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + 5 * s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc5 += part * (tl.load(as_ptr + 5 * s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        if ROWS > 6:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + 6 * s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc6 += part * (tl.load(as_ptr + 6 * s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        if ROWS > 7:
+            part = _fp8_gemv_part(wf, _fp8_gemv_x(x_rows + 7 * s_am, kk, K, s_ak), BLOCK_N, BLOCK_K, VEC)
+            acc7 += part * (tl.load(as_ptr + 7 * s_asm + g * s_ask, mask=c_mask, other=0.0) * sb)[None, :]
+        return acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7
+
+
+    @triton.jit
+    def _fp8_gemv_row_out(acc, row: tl.constexpr, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N,
+                          s_cm, s_cn, s_dm, s_dn, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr):
+        """Row `row`'s result of `_fp8_gemv_kernel`: with split-K its partial into the workspace, else
+        (+ c) into the output."""
+        res = tl.sum(acc, axis=1)
+        if USE_SPLIT:
+            tl.store(ws_ptr + (pid_k * M + row) * N + offs_n, res, mask=n_mask)
+        else:
+            if HAS_C:
+                res += tl.load(c_ptr + row * s_cm + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
+            tl.store(d_ptr + row * s_dm + offs_n * s_dn, res.to(d_ptr.dtype.element_ty), mask=n_mask)
 
 
     @triton.jit
     def _fp8_gemv_kernel(
         a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
-        N, K, iters_per_split, split_k,
-        s_ak, s_bn, s_bk, s_ask, s_bsn, s_bsk, s_cn, s_dn,
-        GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        M, N, K, iters_per_split, split_k,
+        s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_cm, s_cn, s_dm, s_dn,
+        ROWS: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr, PDL: tl.constexpr,
     ):
-        """M = 1 decode GEMV without tensor cores: out[n] = sum_k w[n, k] * x[k] * sa[k/GK] * sb[n/GN, k/GK].
+        """Decode GEMV without tensor cores for ROWS = M (1..8) activation rows:
+        out[m, n] = sum_k w[n, k] * x[m, k] * sa[m, k/GK] * sb[n/GN, k/GK].
 
-        Why it looks like this (H200 analysis, RESULTS.md "GEMV rework" 2026-11-29):
+        Why it looks like this (H200 analysis, RESULTS.md "GEMV rework" 2026-11-29, and the eleventh
+        session for the rows):
         - No tl.dot: at M = 1 an MMA wastes 15/16 of its rows and routes the weight through a
           dot-operand layout; a multiply-add streams the fp8 tile from 16-byte vector loads.
         - In-thread partial sums: the product tile is viewed as [BLOCK_N, BLOCK_K / VEC, VEC] and
@@ -319,6 +379,11 @@ if _HAVE_TRITON:
           16 bytes of one vector load). The accumulator is then [BLOCK_N, BLOCK_K / VEC] (2 fp32
           registers per thread at 8 x 1024) instead of one fp32 per loaded byte, so registers go to
           loads in flight rather than to the accumulator.
+        - Rows: each weight tile is converted to fp32 once and then multiplied with each row of x in
+          turn, one 2-D accumulator per row (acc0..acc7, unrolled at compile time). It still costs
+          ~29 us per added row over a V4.1-Flash layer on the H200: x is loaded in the weight tile's
+          layout, so each row's fp8 x is converted once per weight element it meets. The defaults
+          therefore use it up to 3 rows (GEMV_MAX_M's comment has the numbers).
         - Scales after the partial sum: a VEC chunk lies inside one K scale group (GK % VEC == 0)
           and the tile's rows share one weight-scale row (GN % BLOCK_N == 0), so activation and
           weight scales multiply the [BLOCK_N, BLOCK_K / VEC] partials (1/VEC of the work).
@@ -327,7 +392,7 @@ if _HAVE_TRITON:
         - No software pipelining: Triton does not pipeline loads that do not feed a tl.dot, and a
           hand-written register double buffer (next K step's tile loaded before this step's math)
           was slower in every H200 sweep cell (more registers, byte shuffles); occupancy (about 32
-          registers per thread) keeps the loads in flight instead.
+          registers per thread at M = 1) keeps the loads in flight instead.
         - PDL (programmatic dependent launch, SM90+): the small shapes pay a fixed ~2-3 us per
           launch (ramp-up, tail). The weight does not depend on the previous kernel, so with PDL the
           kernel lets its successor launch at once, loads its first weight tile, and only then
@@ -346,110 +411,67 @@ if _HAVE_TRITON:
         w_rows = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
         x_rows = a_ptr + offs_n[:, None] * 0  # x broadcast over the tile's rows (same layout as w)
         bs_row = bs_ptr + srow * s_bsn
-        acc = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc4 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc5 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc6 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
+        acc7 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
         start = it0
         if PDL:
             gdc_launch_dependents()
             kk = it0 * BLOCK_K + offs_k
             w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
             gdc_wait()  # the previous kernel's writes (x, its scales, our output buffer) are visible now
-            acc += _fp8_gemv_step(w, x_rows, as_ptr, bs_row, it0, K, s_ak, s_ask, s_bsk, GK, BLOCK_N, BLOCK_K, VEC)
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp8_gemv_step(
+                w, x_rows, as_ptr, bs_row, it0, K, s_am, s_ak, s_asm, s_ask, s_bsk,
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ROWS, GK, BLOCK_N, BLOCK_K, VEC)
             start = it0 + 1
         for it in range(start, it1):
             kk = it * BLOCK_K + offs_k
             w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
-            acc += _fp8_gemv_step(w, x_rows, as_ptr, bs_row, it, K, s_ak, s_ask, s_bsk, GK, BLOCK_N, BLOCK_K, VEC)
-        res = tl.sum(acc, axis=1)
-        d_ptrs = d_ptr + offs_n * s_dn
-        if not USE_SPLIT:
-            if HAS_C:
-                res += tl.load(c_ptr + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
-            tl.store(d_ptrs, res.to(d_ptr.dtype.element_ty), mask=n_mask)
-        else:
+            acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp8_gemv_step(
+                w, x_rows, as_ptr, bs_row, it, K, s_am, s_ak, s_asm, s_ask, s_bsk,
+                acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ROWS, GK, BLOCK_N, BLOCK_K, VEC)
+        _fp8_gemv_row_out(acc0, 0, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                          USE_SPLIT, HAS_C)
+        if ROWS > 1:
+            _fp8_gemv_row_out(acc1, 1, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if ROWS > 2:
+            _fp8_gemv_row_out(acc2, 2, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if ROWS > 3:
+            _fp8_gemv_row_out(acc3, 3, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if ROWS > 4:
+            _fp8_gemv_row_out(acc4, 4, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if ROWS > 5:
+            _fp8_gemv_row_out(acc5, 5, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if ROWS > 6:
+            _fp8_gemv_row_out(acc6, 6, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if ROWS > 7:
+            _fp8_gemv_row_out(acc7, 7, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+                              USE_SPLIT, HAS_C)
+        if USE_SPLIT:
             # Split-K: the last CTA to arrive on this N tile sums the partials in split order
             # (deterministic) and writes the output; the counter resets itself (graph-safe).
-            tl.store(ws_ptr + pid_k * N + offs_n, res, mask=n_mask)
             tl.debug_barrier()
             arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
             if arrived == split_k - 1:
-                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                for s in range(split_k):
-                    total += tl.load(ws_ptr + s * N + offs_n, mask=n_mask, other=0.0, cache_modifier=".cg")
-                if HAS_C:
-                    total += tl.load(c_ptr + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
-                tl.store(d_ptrs, total.to(d_ptr.dtype.element_ty), mask=n_mask)
-                tl.atomic_xchg(cnt_ptr + pid_n, 0)
-
-
-    @triton.jit
-    def _fp8_gemv_multi_kernel(
-        a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
-        M, N, K, iters_per_split, split_k,
-        s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_cm, s_cn, s_dm, s_dn,
-        GN: tl.constexpr, GK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr, VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr,
-    ):
-        """`_fp8_gemv_kernel` for 2 <= M <= BLOCK_M activation rows (decode batches, speculative
-        verify blocks): each weight tile is loaded once and multiplied with every row of x. The
-        defaults use it for M = 2 with K >= 4096 only (see GEMV_MAX_M): from 4 rows on, converting
-        the fp8 tile once per row makes it compute-bound and the tl.dot path wins.
-
-        Same scheme as the M = 1 kernel, one dimension up: the product is [BLOCK_M, BLOCK_N,
-        BLOCK_K], summed in-thread over VEC-wide chunks to a [BLOCK_M, BLOCK_N, BLOCK_K / VEC]
-        accumulator; the activation scale is per (row, K group), the weight scale per K group.
-        """
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        offs_m = tl.arange(0, BLOCK_M)
-        m_mask = offs_m < M
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < N
-        offs_k = tl.arange(0, BLOCK_K)
-        chunk = tl.arange(0, BLOCK_K // VEC) * VEC
-        srow = (pid_n * BLOCK_N) // GN
-        k_iters = tl.cdiv(K, BLOCK_K)
-        it0 = pid_k * iters_per_split
-        it1 = tl.minimum(it0 + iters_per_split, k_iters)
-        w_rows = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
-        # x rows broadcast over the tile's N rows: [BLOCK_M, BLOCK_N, BLOCK_K] in the product's layout
-        x_rows = a_ptr + offs_m[:, None, None] * s_am + offs_n[None, :, None] * 0
-        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
-        for it in range(it0, it1):
-            kk = it * BLOCK_K + offs_k
-            k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = tl.load(x_rows + kk[None, None, :] * s_ak, mask=m_mask[:, None, None] & k_mask[None, None, :],
-                        other=0.0)
-            prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)
-            part = tl.sum(tl.reshape(prod, (BLOCK_M, BLOCK_N, BLOCK_K // VEC, VEC)), axis=3)
-            kc = it * BLOCK_K + chunk
-            c_mask = kc < K
-            g = kc // GK
-            sa = tl.load(as_ptr + offs_m[:, None] * s_asm + g[None, :] * s_ask,
-                         mask=m_mask[:, None] & c_mask[None, :], other=0.0)
-            sb = tl.load(bs_ptr + srow * s_bsn + g * s_bsk, mask=c_mask, other=0.0)
-            acc += part * (sa * sb[None, :])[:, None, :]
-        res = tl.sum(acc, axis=2)  # [BLOCK_M, BLOCK_N]
-        out_mask = m_mask[:, None] & n_mask[None, :]
-        d_ptrs = d_ptr + offs_m[:, None] * s_dm + offs_n[None, :] * s_dn
-        if not USE_SPLIT:
-            if HAS_C:
-                res += tl.load(c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn, mask=out_mask,
-                               other=0.0).to(tl.float32)
-            tl.store(d_ptrs, res.to(d_ptr.dtype.element_ty), mask=out_mask)
-        else:
-            ws_tile = ws_ptr + offs_m[:, None] * N + offs_n[None, :]
-            tl.store(ws_tile + pid_k * M * N, res, mask=out_mask)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-            if arrived == split_k - 1:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for sp in range(split_k):
-                    total += tl.load(ws_tile + sp * M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-                if HAS_C:
-                    total += tl.load(c_ptr + offs_m[:, None] * s_cm + offs_n[None, :] * s_cn, mask=out_mask,
-                                     other=0.0).to(tl.float32)
-                tl.store(d_ptrs, total.to(d_ptr.dtype.element_ty), mask=out_mask)
+                for row in tl.static_range(ROWS):
+                    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                    for s in range(split_k):
+                        total += tl.load(ws_ptr + (s * M + row) * N + offs_n, mask=n_mask, other=0.0,
+                                         cache_modifier=".cg")
+                    if HAS_C:
+                        total += tl.load(c_ptr + row * s_cm + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
+                    tl.store(d_ptr + row * s_dm + offs_n * s_dn, total.to(d_ptr.dtype.element_ty), mask=n_mask)
                 tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
@@ -469,9 +491,9 @@ class GemmConfig:
 
 @dataclass(frozen=True)
 class GemvConfig:
-    """Launch configuration of the GEMV kernels (`_fp8_gemv_kernel`, `_fp8_gemv_multi_kernel`).
+    """Launch configuration of the GEMV kernel (`_fp8_gemv_kernel`).
 
-    pdl (M = 1 only): launch with programmatic dependent launch where the GPU supports it; None lets
+    pdl: launch with programmatic dependent launch where the GPU supports it; None lets
     `gemv_pdl`'s shape rule decide."""
 
     block_n: int
@@ -564,12 +586,27 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
     return GemmConfig(block_m, 128, max(64, bk), 1, 8 if block_m == 128 else 4, 3, True)
 
 
-GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernels take (with an explicit GemvConfig)
-# Where the defaults use them: the H200 run (RESULTS.md "GEMV rework", 2026-11-29) measured the
-# multi-row kernel faster than the tl.dot split-K path only at M = 2 on K >= 4096 (e.g. 25600x6144:
-# 71.9 vs 79.0 us); at M = 2 with K = 1280 and at M >= 4 it lost (M = 4: 127 vs 79 us, it is
-# compute-bound: every row re-converts the fp8 weight tile), so those keep the tl.dot path.
-GEMV_MULTI_DEFAULT_MIN_K = 4096
+GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernel takes (with an explicit GemvConfig)
+# Where the defaults use it for M > 1, from the H200 sweep of 2026-12-01 (scripts/bench/gemm.py
+# --rows-sweep; RESULTS.md, eleventh session): M = 2 and 3 (per layer, best tiles: M = 2 ~101 us, M = 3
+# ~131 us, against ~143 us on the tl.dot split-K path), and M = 4 on weights of at most
+# GEMV_ROWS_SMALL_WEIGHT elements. Above that the tl.dot path wins: the GEMV kernel converts each row's
+# fp8 x for every weight element it meets, and each added row costs ~29 us per layer (tiles holding
+# more N rows per thread, and x loaded as one [1, BLOCK_K] row, did not remove that).
+GEMV_ROWS_DEFAULT_MAX_M = 3
+GEMV_ROWS_SMALL_WEIGHT = 6 << 20
+GEMV_ROWS_SMALL_MAX_M = 4
+# (N, K) -> {M: (block_n, block_k, warps) or None for the tl.dot path}: the sweep's best tile per
+# V4.1-Flash shape and M (us in that run; tl.dot path in brackets).
+GEMV_ROWS_TUNED: dict[tuple[int, int], dict[int, tuple[int, int, int] | None]] = {
+    (25600, 6144): {2: (8, 1024, 8), 3: (4, 1024, 4)},  # 55.6 (77.8), 74.1 (77.9)
+    (16384, 1280): {2: (16, 256, 4), 3: None},  # 10.5 (13.3); M = 3 13.7 (13.3)
+    (5120, 4096): {2: (2, 4096, 4), 3: (4, 1024, 4)},  # 10.0 (14.6), 12.3 (14.6)
+    (4096, 1280): {2: (4, 2048, 4), 3: (32, 512, 8), 4: (16, 1024, 8)},  # 4.2, 5.3, 6.8 (7.4-7.5)
+    (5120, 1152): {2: (4, 2048, 4), 3: (16, 512, 4), 4: (16, 512, 8)},  # 5.1, 5.6, 7.3 (7.6-7.8)
+    (2304, 5120): {2: (2, 4096, 4), 3: (4, 1024, 4)},  # 8.5 (11.0), 10.3 (11.1)
+    (1792, 5120): {2: (8, 1024, 8), 3: (8, 2048, 8)},  # 6.9 (9.7), 8.8 (9.7)
+}
 # M = 1 tiles for the V4.1-Flash dense shapes where the H200 tile sweep of 2026-11-30 (scripts/bench/
 # gemm.py --sweep --sweep-tiles ..., RESULTS.md "GEMV tiles for the small grids") beat the general rule
 # below, (N, K) -> (block_n, block_k, warps, pdl). They share a cause: with 8-row tiles these shapes
@@ -577,8 +614,12 @@ GEMV_MULTI_DEFAULT_MIN_K = 4096
 # covering the row put more of the weight in flight at once. PDL on for all: with these tiles the
 # seven shapes in turn in one graph took 73.9 us per layer with PDL everywhere, 75.5 us with it off
 # for 1792x5120 (alone that shape is 0.6 us faster without it).
+# 5120x4096 was (4, 4096, 4) until the GEMV kernel took 1..8 rows (2026-12-01): its M = 1 build has
+# the former M = 1 kernel's PTX and SASS but for the prologue's parameter loads (the row strides it
+# gained), yet with that tile took 7.4 us against the former kernel's 6.9 in the same H200 runs (the
+# other six shapes timed equal). A re-sweep of 16 tiles on that shape picked (2, 4096, 2): 7.0 us.
 GEMV_M1_TUNED = {
-    (5120, 4096): (4, 4096, 4, True),  # 8.8 -> 6.9 us
+    (5120, 4096): (2, 4096, 2, True),  # 8.8 -> 7.0 us
     (5120, 1152): (4, 2048, 4, True),  # 4.5 -> 3.6 us
     (2304, 5120): (2, 8192, 4, True),  # 7.7 -> 5.6 us
     (1792, 5120): (4, 1024, 8, True),  # 6.6 -> 5.6 us (without PDL; 6.2 with)
@@ -586,33 +627,42 @@ GEMV_M1_TUNED = {
 
 
 def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 1) -> GemvConfig | None:
-    """Default config of the GEMV kernels, or None where the defaults take the tl.dot path instead
-    (scale rows narrower than 8, M > 2, or M = 2 with K < GEMV_MULTI_DEFAULT_MIN_K).
+    """Default config of the GEMV kernel, or None where the defaults take the tl.dot path instead
+    (scale rows narrower than 8, or more rows than the GEMV kernel wins at; see GEMV_MAX_M).
 
     M = 1, from the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework",
     2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes of the tiles it tried
     (GEMV_M1_TUNED overrides it for four of them since a wider sweep on 2026-11-30): 8-row N tiles;
     K >= 4608 -> 2048-wide K steps with 4 warps, else 512-wide with 8 warps; no split-K (the
-    arrival-counter epilogue cost more than it gained on every shape). M = 2: 8 warps, 1024-wide K
-    steps (the [2, 8, 1024] product is 64 values per thread). Split-K only where the N tiles alone
-    leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
+    arrival-counter epilogue cost more than it gained on every shape). M = 2..4: GEMV_ROWS_TUNED for
+    the V4.1-Flash shapes, else 4-row tiles with 1024-wide K steps and 4 warps (the tile with the best
+    mean over the seven shapes at M = 3 and 4 in the 2026-12-01 sweep). Split-K only where the N tiles
+    alone leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
         return GemvConfig(*(int(x) for x in env.split(",")))
-    if bn < 8 or bn % 8 or m > 2 or (m == 2 and k < GEMV_MULTI_DEFAULT_MIN_K):
+    max_m = GEMV_ROWS_SMALL_MAX_M if n * k <= GEMV_ROWS_SMALL_WEIGHT else GEMV_ROWS_DEFAULT_MAX_M
+    if bn < 8 or bn % 8 or m > max_m:
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
-    tuned = GEMV_M1_TUNED.get((n, k)) if m == 1 else None
-    if tuned is not None and bn % tuned[0] == 0:
-        return GemvConfig(tuned[0], tuned[1], 1, tuned[2], 1, tuned[3])
-    block_n = 8
-    if m > 1:
-        block_k, warps = min(1024, 2048 // triton.next_power_of_2(m)), 8
-    elif k >= 4608:
-        block_k, warps = 2048, 4
+    if m == 1:
+        tuned = GEMV_M1_TUNED.get((n, k))
+        if tuned is not None and bn % tuned[0] == 0:
+            return GemvConfig(tuned[0], tuned[1], 1, tuned[2], 1, tuned[3])
+        block_n = 8
+        block_k, warps = (2048, 4) if k >= 4608 else (512, 8)
     else:
-        block_k, warps = 512, 8
+        per_m = GEMV_ROWS_TUNED.get((n, k))
+        if per_m is not None and m in per_m:
+            tile = per_m[m]
+            if tile is None:
+                return None
+            block_n, block_k, warps = tile
+        else:
+            block_n, block_k, warps = 4, 1024, 4
+        if bn % block_n:
+            block_n = 8
     block_k = min(block_k, max(64, triton.next_power_of_2(k)))
     tiles = -(-n // block_n)
     k_iters = -(-k // block_k)
@@ -622,8 +672,8 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
 
 def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                      bn: int, bk: int, out: torch.Tensor, c: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
-    """Launch the GEMV kernel for a [M, K] activation, 1 <= M <= GEMV_MAX_M (2-D operands only):
-    `_fp8_gemv_kernel` for M = 1, `_fp8_gemv_multi_kernel` (rows padded to a power of two) above."""
+    """Launch `_fp8_gemv_kernel` for a [M, K] activation, 1 <= M <= GEMV_MAX_M (2-D operands only),
+    compiled for exactly M rows."""
     m = a.shape[0]
     n, k = b.shape
     if bn % cfg.block_n:
@@ -643,26 +693,16 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
     ws = torch.empty(split * m * n if split > 1 else 1, dtype=torch.float32, device=a.device)
     cnt = _counters(a.device) if split > 1 else ws
     c_arg = c if c is not None else out
-    if m == 1:
-        pdl = gemv_pdl(a.device, k, tiles, cfg.pdl)
-        _fp8_gemv_kernel[(tiles, split)](
-            a, b, a_scale, b_scale, c_arg, out, ws, cnt,
-            n, k, per, split,
-            a.stride(1), b.stride(0), b.stride(1), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-            c.stride(1) if c is not None else 0, out.stride(1),
-            GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
-            USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            **({"launch_pdl": True} if pdl else {}),
-        )
-        return out
-    _fp8_gemv_multi_kernel[(tiles, split)](
+    pdl = gemv_pdl(a.device, k, tiles, cfg.pdl)
+    _fp8_gemv_kernel[(tiles, split)](
         a, b, a_scale, b_scale, c_arg, out, ws, cnt,
         m, n, k, per, split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), a_scale.stride(0), a_scale.stride(1),
         b_scale.stride(0), b_scale.stride(1), c.stride(0) if c is not None else 0,
         c.stride(1) if c is not None else 0, out.stride(0), out.stride(1),
-        GN=bn, GK=bk, BLOCK_M=triton.next_power_of_2(m), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
-        USE_SPLIT=split > 1, HAS_C=c is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROWS=m, GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
+        USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
 
@@ -763,9 +803,9 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
     """Block-scaled FP8 GEMM `out = dequant(a) @ dequant(b)^T (+ c)`; layouts in the module docstring.
 
     Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
-    `out`, when given, is written in place (any strides) and returned. With 2-D operands, M = 1 (and
-    M = 2 on K >= 4096) uses the tensor-core-free GEMV kernels when the weight scale block is a
-    multiple of 8 rows; an explicit `GemvConfig` selects them for any M <= GEMV_MAX_M.
+    `out`, when given, is written in place (any strides) and returned. With 2-D operands, M = 1..3
+    (and M = 4 on small weights) use the tensor-core-free GEMV kernel when the weight scale block is
+    a multiple of 8 rows; an explicit `GemvConfig` selects it for any M <= GEMV_MAX_M.
     """
     bs = (int(block_size[0]), int(block_size[1]))
     m, n, _, _, _ = _check(a_fp8, a_scale, b_fp8, b_scale, bs)

@@ -146,13 +146,16 @@ cases = [  # (name, m, n, k, bn, bk, config)
     # the narrow tiles of GEMV_M1_TUNED: 4 and 2 rows, one K step wider than the row (masked)
     ("gemv_bn4_one_step_32", 1, 44, 1060, 32, 32, GemvConfig(4, 2048, 1, 4, 1)),
     ("gemv_bn2_one_step_32", 1, 22, 1184, 32, 32, GemvConfig(2, 2048, 1, 4, 1)),
-    # 2..8 activation rows (_fp8_gemv_multi_kernel): exact power of two, padded rows (3 -> 4,
-    # 5 -> 8) with split-K, 128-wide groups, 8 rows, and the default config (M = 2, K >= 4096)
+    # 2..8 activation rows (one accumulator per row): 2 rows, 3 with split-K, 5 with 128-wide groups,
+    # 7 with split-K and 4-row tiles, all 8, and the default configs (M = 2, 3, and 4 on a small weight)
     ("gemv_m2_32", 2, 72, 1248, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
     ("gemv_m3_split_32", 3, 40, 1060, 32, 32, GemvConfig(8, 128, 3, 4, 1)),
     ("gemv_m5_split_128", 5, 80, 640, 128, 128, GemvConfig(16, 128, 2, 4, 1)),
+    ("gemv_m7_split_32", 7, 44, 1060, 32, 32, GemvConfig(4, 256, 3, 4, 1)),
     ("gemv_m8_32", 8, 48, 544, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
     ("gemv_default_m2_32", 2, 64, 4160, 32, 32, None),
+    ("gemv_default_m3_32", 3, 44, 2100, 32, 32, None),
+    ("gemv_default_m4_32", 4, 40, 1100, 32, 32, None),
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -216,7 +219,8 @@ def interp_results() -> dict:
                                   "gemv_default_32", "gemv_accum_colmajor", "gemv_ragged_k_split_32",
                                   "gemv_vec8", "gemv_default_few_tiles_32", "gemv_bn4_one_step_32",
                                   "gemv_bn2_one_step_32", "gemv_m2_32", "gemv_m3_split_32",
-                                  "gemv_m5_split_128", "gemv_m8_32", "gemv_default_m2_32",
+                                  "gemv_m5_split_128", "gemv_m7_split_32", "gemv_m8_32", "gemv_default_m2_32",
+                                  "gemv_default_m3_32", "gemv_default_m4_32",
                                   "gemv_m3_accum_colmajor"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
@@ -224,25 +228,34 @@ def test_triton_interpreter(interp_results: dict, name: str) -> None:
 
 
 def test_default_gemv_dispatch() -> None:
-    """The defaults take the GEMV kernels for M = 1 and for M = 2 on K >= 4096 only (where the H200 run
-    measured them faster than the tl.dot path), never for weight scale rows narrower than 8."""
-    from kernels_triton.fp8_gemm import default_gemv_config
+    """The defaults take the GEMV kernel for M = 1..3 and for M = 4 on small weights only (where the
+    H200 runs measured it faster than the tl.dot path), never for weight scale rows narrower than 8."""
+    from kernels_triton.fp8_gemm import GEMV_M1_TUNED, GEMV_ROWS_TUNED, GemvConfig, default_gemv_config
 
     cpu = torch.device("cpu")
     assert default_gemv_config(25600, 6144, 32, cpu) is not None
     assert default_gemv_config(16384, 1280, 32, cpu) is not None
     assert default_gemv_config(25600, 6144, 32, cpu, m=2) is not None
-    assert default_gemv_config(16384, 1280, 32, cpu, m=2) is None
+    assert default_gemv_config(25600, 6144, 32, cpu, m=3) is not None
+    assert default_gemv_config(16384, 1280, 32, cpu, m=3) is None  # the one tuned tl.dot entry
     assert default_gemv_config(25600, 6144, 32, cpu, m=4) is None
+    assert default_gemv_config(4096, 1280, 32, cpu, m=4) is not None  # a small weight
+    assert default_gemv_config(4096, 1280, 32, cpu, m=5) is None
+    assert default_gemv_config(3000, 4000, 32, cpu, m=3) == GemvConfig(4, 1024, 1, 4, 1)  # untuned shape
+    assert default_gemv_config(3000, 4000, 32, cpu, m=4) is None
     assert default_gemv_config(25600, 6144, 1, cpu) is None
-    # the H200-tuned tiles of four V4.1-Flash shapes (M = 1 only; a 4-row tile needs scale rows of 4k)
-    from kernels_triton.fp8_gemm import GEMV_M1_TUNED, GemvConfig
-
+    # the H200-tuned tiles of four V4.1-Flash shapes at M = 1 (a 4-row tile needs scale rows of 4k)
     assert default_gemv_config(2304, 5120, 32, cpu) == GemvConfig(2, 8192, 1, 4, 1, True)
     for (n, k), (bn_, bk_, warps, pdl) in GEMV_M1_TUNED.items():
         assert default_gemv_config(n, k, 32, cpu) == GemvConfig(bn_, bk_, 1, warps, 1, pdl)
         assert default_gemv_config(n, k, 8, cpu).block_n == bn_  # 8 % 4 and 8 % 2 == 0
-        assert default_gemv_config(n, k, 32, cpu, m=2) is None or default_gemv_config(n, k, 32, cpu, m=2).block_n == 8
+    # ... and at M = 2..4 (tiles wider than the scale rows fall back to 8 rows)
+    for (n, k), per_m in GEMV_ROWS_TUNED.items():
+        for m, tile in per_m.items():
+            cfg = default_gemv_config(n, k, 32, cpu, m=m)
+            assert (cfg is None) if tile is None else cfg == GemvConfig(tile[0], tile[1], 1, tile[2], 1)
+            if tile is not None and tile[0] > 8:
+                assert default_gemv_config(n, k, 8, cpu, m=m).block_n == 8
 
 
 def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
@@ -274,20 +287,24 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
     a, sa, b, sb = make_inputs(m, n, k, 32, 32, seed=n + k + m, device="cuda")
     ref = oracle(a, sa, b, sb, 32, 32)
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-    tiles = ((8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512), (4, 1024), (4, 2048),
-             (4, 4096), (2, 8192)) if m == 1 else ((8, 256), (8, 512), (8, 1024))
-    for bn_, bk_ in tiles:
-        for w in (4, 8):
-            for split in (1, 3):
-                out.fill_(float("nan"))
-                fp8_block_gemm(a, sa, b, sb, (32, 32), out=out, config=GemvConfig(bn_, bk_, split, w, 1))
-                assert_gemm_close(out, ref)
+    m1_tiles = ((8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512), (4, 1024), (4, 2048),
+                (4, 4096), (2, 8192))
+    # M = 1: each tile with 4 and 8 warps; more rows: the tiles of gemm.py's --rows-sweep
+    configs = [(bn_, bk_, w) for bn_, bk_ in m1_tiles for w in (4, 8)] if m == 1 else [
+        (8, 512, 4), (8, 1024, 4), (8, 1024, 8), (8, 2048, 4), (8, 2048, 8), (4, 1024, 4), (4, 2048, 4),
+        (4, 4096, 4), (2, 4096, 4), (2, 8192, 4), (16, 512, 8), (16, 1024, 8)]
+    for bn_, bk_, w in configs:
+        for split in (1, 3):
+            out.fill_(float("nan"))
+            fp8_block_gemm(a, sa, b, sb, (32, 32), out=out, config=GemvConfig(bn_, bk_, split, w, 1))
+            assert_gemm_close(out, ref)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_gpu_gemv_chain_waits_for_its_input(graph: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A chain of M = 1 GEMVs, each fed by the previous one's output (quantized by torch kernels in
+@pytest.mark.parametrize("m", [1, 3])
+def test_gpu_gemv_chain_waits_for_its_input(m: int, graph: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain of M-row GEMVs (the GEMV kernel by default at M = 1 and 3), each fed by the previous one's output (quantized by torch kernels in
     between), then two GEMVs writing one buffer back to back: with PDL a GEMV starts streaming its
     weight while its predecessor runs, so a missing or misplaced wait would read a stale input or let
     the earlier write land last. Eager and in a CUDA graph (where SGLang's decode runs)."""
@@ -295,18 +312,18 @@ def test_gpu_gemv_chain_waits_for_its_input(graph: bool, monkeypatch: pytest.Mon
 
     monkeypatch.setenv("WINPORT_FP8_GEMV_PDL", "force")  # PDL on every shape of the chain, where supported
     dims = [5120, 4096, 1280, 5120, 1152, 6144, 5120]
-    ws = [make_inputs(1, n, k, 32, 32, seed=40 + i, device="cuda")[2:]
+    ws = [make_inputs(m, n, k, 32, 32, seed=40 + i, device="cuda")[2:]
           for i, (k, n) in enumerate(zip(dims, dims[1:], strict=False))]
-    other = make_inputs(1, dims[1], dims[0], 32, 32, seed=99, device="cuda")[2:]  # same shape as ws[0]
-    x0 = (torch.randn(1, dims[0], device="cuda") * 64).clamp(-448, 448).to(FP8)
-    s0 = torch.rand(1, dims[0] // 32, device="cuda") * 2e-3 + 1e-4
-    outs = [torch.empty(1, n, dtype=torch.bfloat16, device="cuda") for n in dims[1:]]
-    twice = torch.empty(1, dims[1], dtype=torch.bfloat16, device="cuda")
+    other = make_inputs(m, dims[1], dims[0], 32, 32, seed=99, device="cuda")[2:]  # same shape as ws[0]
+    x0 = (torch.randn(m, dims[0], device="cuda") * 64).clamp(-448, 448).to(FP8)
+    s0 = torch.rand(m, dims[0] // 32, device="cuda") * 2e-3 + 1e-4
+    outs = [torch.empty(m, n, dtype=torch.bfloat16, device="cuda") for n in dims[1:]]
+    twice = torch.empty(m, dims[1], dtype=torch.bfloat16, device="cuda")
 
     def quant(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = y.float().view(1, -1, 32)
+        g = y.float().view(m, -1, 32)
         sc = g.abs().amax(-1).clamp_min(1e-4) / 448.0
-        return (g / sc[..., None]).view(1, -1).to(FP8), sc
+        return (g / sc[..., None]).view(m, -1).to(FP8), sc
 
     def chain() -> None:
         x, sc = x0, s0
