@@ -287,8 +287,8 @@ if _HAVE_TRITON:
 
     @triton.jit
     def _fp8_gemv_x(a_row, kk, K, s_ak):
-        """One activation row's fp8 x for one K step, loaded in the weight tile's 2-D layout (broadcast
-        over its rows: `a_row` holds one pointer per tile row, all equal)."""
+        """One activation row's fp8 x for one K step: [BLOCK_N, BLOCK_K] in the weight tile's layout when
+        `a_row` holds one (equal) pointer per tile row, a [1, BLOCK_K] row when it is [1, 1] (X_ROW)."""
         return tl.load(a_row + kk[None, :] * s_ak, mask=(kk < K)[None, :], other=0.0)
 
 
@@ -366,6 +366,7 @@ if _HAVE_TRITON:
         s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_cm, s_cn, s_dm, s_dn,
         ROWS: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr, PDL: tl.constexpr,
+        X_ROW: tl.constexpr,
     ):
         """Decode GEMV without tensor cores for ROWS = M (1..8) activation rows:
         out[m, n] = sum_k w[n, k] * x[m, k] * sa[m, k/GK] * sb[n/GN, k/GK].
@@ -381,14 +382,18 @@ if _HAVE_TRITON:
           loads in flight rather than to the accumulator.
         - Rows: each weight tile is converted to fp32 once and then multiplied with each row of x in
           turn, one 2-D accumulator per row (acc0..acc7, unrolled at compile time). It still costs
-          ~29 us per added row over a V4.1-Flash layer on the H200: x is loaded in the weight tile's
-          layout, so each row's fp8 x is converted once per weight element it meets. The defaults
-          therefore use it up to 3 rows (GEMV_MAX_M's comment has the numbers).
+          ~29 us per added row over a V4.1-Flash layer on the H200 with x in the weight's layout
+          (next point). The defaults therefore use it up to 3 rows (GEMV_MAX_M's comment).
         - Scales after the partial sum: a VEC chunk lies inside one K scale group (GK % VEC == 0)
           and the tile's rows share one weight-scale row (GN % BLOCK_N == 0), so activation and
           weight scales multiply the [BLOCK_N, BLOCK_K / VEC] partials (1/VEC of the work).
-        - x is loaded in the weight tile's own 2-D layout (a broadcast over rows): a 1-D x tile
-          would need a shared-memory layout conversion and a CTA barrier every K step.
+        - x is loaded in the weight tile's own 2-D layout (a broadcast over rows) by default: a 1-D
+          x tile needs a shared-memory layout conversion and a CTA barrier every K step when the
+          tile's warps lie along N. The price is one load and one fp8 conversion of x per tile row a
+          thread holds (Triton emits both as inline asm, which LLVM does not merge), and that is
+          what makes each added activation row cost about as much as the weight's own conversion.
+          X_ROW (GemvConfig.x_row) loads x as one [1, BLOCK_K] row instead, for tiles whose warps
+          lie along K.
         - No software pipelining: Triton does not pipeline loads that do not feed a tl.dot, and a
           hand-written register double buffer (next K step's tile loaded before this step's math)
           was slower in every H200 sweep cell (more registers, byte shuffles); occupancy (about 32
@@ -409,7 +414,10 @@ if _HAVE_TRITON:
         it0 = pid_k * iters_per_split
         it1 = tl.minimum(it0 + iters_per_split, k_iters)
         w_rows = b_ptr + offs_n.to(tl.int64)[:, None] * s_bn
-        x_rows = a_ptr + offs_n[:, None] * 0  # x broadcast over the tile's rows (same layout as w)
+        if X_ROW:  # one [1, BLOCK_K] row of x per step (GemvConfig.x_row)
+            x_rows = a_ptr + tl.zeros((1, 1), dtype=tl.int32)
+        else:  # x broadcast over the tile's rows, in the weight tile's own layout
+            x_rows = a_ptr + offs_n[:, None] * 0
         bs_row = bs_ptr + srow * s_bsn
         acc0 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
         acc1 = tl.zeros((BLOCK_N, BLOCK_K // VEC), dtype=tl.float32)
@@ -494,7 +502,13 @@ class GemvConfig:
     """Launch configuration of the GEMV kernel (`_fp8_gemv_kernel`).
 
     pdl: launch with programmatic dependent launch where the GPU supports it; None lets
-    `gemv_pdl`'s shape rule decide."""
+    `gemv_pdl`'s shape rule decide.
+    x_row: load each activation row as one [1, block_k] row per K step, broadcast over the tile,
+    instead of in the weight tile's 2-D layout (one copy per tile row a thread holds, each loaded
+    and converted from fp8 again). Where the tile's warps all lie along K (rows held in-thread,
+    e.g. 2 x 4096 with 4 warps) that removes the copies without a layout change; where warps lie
+    along N it adds a shared-memory layout change per row and step. The defaults do not use it
+    yet: RESULTS.md (eleventh session) has what was measured and what is left to measure."""
 
     block_n: int
     block_k: int
@@ -502,6 +516,7 @@ class GemvConfig:
     num_warps: int
     num_stages: int
     pdl: bool | None = None
+    x_row: bool = False
 
 
 _COUNTER_SLOTS = 1 << 16
@@ -701,7 +716,8 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
         b_scale.stride(0), b_scale.stride(1), c.stride(0) if c is not None else 0,
         c.stride(1) if c is not None else 0, out.stride(0), out.stride(1),
         ROWS=m, GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
-        USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, X_ROW=cfg.x_row,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
     return out

@@ -155,11 +155,13 @@ def layer_sequence_time(mode: str, layers: int = 4) -> tuple[float, int]:
 
 
 ROWS_SWEEP_M = (2, 3, 4, 5, 6, 8)
-ROWS_SWEEP_TILES = [(8, 512, 4), (8, 1024, 4), (8, 1024, 8), (8, 2048, 4), (8, 2048, 8), (4, 1024, 4),
-                    (4, 2048, 4), (4, 4096, 4), (2, 4096, 4), (2, 8192, 4), (16, 512, 8), (16, 1024, 8)]
+# (block_n, block_k, warps, x_row)
+ROWS_SWEEP_TILES = [(8, 512, 4, False), (8, 1024, 4, False), (8, 1024, 8, False), (8, 2048, 4, False),
+                    (8, 2048, 8, False), (4, 1024, 4, False), (4, 2048, 4, False), (4, 4096, 4, False),
+                    (2, 4096, 4, False), (2, 8192, 4, False), (16, 512, 8, False), (16, 1024, 8, False)]
 
 
-def rows_sweep(sweep_tiles: list[tuple[int, int, int]]) -> list[dict]:
+def rows_sweep(sweep_tiles: list[tuple[int, int, int, bool]]) -> list[dict]:
     """M = 2..8: per shape, the default dispatch, the tl.dot split-K path and every tile of
     `sweep_tiles` in the GEMV kernel (one split, PDL by the shipped rule); prints per-layer sums
     for each and each tile's mean time relative to the per-shape best (to choose a default rule)."""
@@ -176,13 +178,14 @@ def rows_sweep(sweep_tiles: list[tuple[int, int, int]]) -> list[dict]:
             row = {"n": n, "k": k, "m": m, "m1_ms": m1, "default_ms": gemv_time(wts, m, None),
                    "dot_ms": gemv_time(wts, m, default_config(m, n, k, 32, 32, dev))}
             tiles = {}
-            for bn_, bk_, w in sweep_tiles:
+            for bn_, bk_, w, x_row in sweep_tiles:
                 if bk_ > max(512, triton.next_power_of_2(k)):
                     continue
+                name = f"{bn_}x{bk_}w{w}{'r' if x_row else ''}"
                 try:
-                    tiles[f"{bn_}x{bk_}w{w}"] = gemv_time(wts, m, GemvConfig(bn_, bk_, 1, w, 1), repeat=1)
+                    tiles[name] = gemv_time(wts, m, GemvConfig(bn_, bk_, 1, w, 1, None, x_row), repeat=1)
                 except Exception as e:  # noqa: BLE001 - report, keep sweeping
-                    print(f"  M={m} {n}x{k} {bn_}x{bk_}w{w} failed: {type(e).__name__}: {str(e)[:80]}")
+                    print(f"  M={m} {n}x{k} {name} failed: {type(e).__name__}: {str(e)[:80]}")
             best = min(tiles.items(), key=lambda kv: kv[1])
             row["tiles_ms"] = tiles
             row["best"] = best
@@ -215,7 +218,8 @@ def main() -> None:
     ap.add_argument("--rows-sweep", action="store_true",
                     help="only the M = 2..8 GEMV tile sweep against the default dispatch and the tl.dot path")
     ap.add_argument("--rows-tiles", default="",
-                    help="tiles of --rows-sweep as BLOCK_NxBLOCK_KwWARPS,... (default: ROWS_SWEEP_TILES)")
+                    help="tiles of --rows-sweep as BLOCK_NxBLOCK_KwWARPS[r],... (r: x as one row, GemvConfig.x_row; "
+                         "default: ROWS_SWEEP_TILES)")
     ap.add_argument("--baseline", action="store_true",
                     help="also time scripts/bench/_fp8_gemm_before.py's GEMV (the previous kernel), if present")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
@@ -229,8 +233,8 @@ def main() -> None:
     print(f"copy bandwidth: {copy_bw:.0f} GB/s (read+write)")
 
     if args.rows_sweep:
-        tiles = [tuple(int(v) for v in t.replace("w", "x").split("x")) for t in args.rows_tiles.split(",")] \
-            if args.rows_tiles else ROWS_SWEEP_TILES
+        tiles = [(*(int(v) for v in t.rstrip("r").replace("w", "x").split("x")), t.endswith("r"))
+                 for t in args.rows_tiles.split(",")] if args.rows_tiles else ROWS_SWEEP_TILES
         res["rows_sweep"] = rows_sweep(tiles)
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

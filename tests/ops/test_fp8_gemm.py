@@ -156,6 +156,9 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_default_m2_32", 2, 64, 4160, 32, 32, None),
     ("gemv_default_m3_32", 3, 44, 2100, 32, 32, None),
     ("gemv_default_m4_32", 4, 40, 1100, 32, 32, None),
+    # x loaded as one [1, BLOCK_K] row (GemvConfig.x_row): 1 row, 5 rows with split-K and a K tail
+    ("gemv_xrow_m1_32", 1, 40, 1060, 32, 32, GemvConfig(4, 512, 1, 4, 1, None, True)),
+    ("gemv_xrow_m5_split_32", 5, 44, 1060, 32, 32, GemvConfig(4, 256, 3, 4, 1, None, True)),
 ]
 for i, (name, m, n, k, bn, bk, cfg) in enumerate(cases):
     a, sa, b, sb = make_inputs(m, n, k, bn, bk, seed=100 + i)
@@ -220,7 +223,8 @@ def interp_results() -> dict:
                                   "gemv_vec8", "gemv_default_few_tiles_32", "gemv_bn4_one_step_32",
                                   "gemv_bn2_one_step_32", "gemv_m2_32", "gemv_m3_split_32",
                                   "gemv_m5_split_128", "gemv_m7_split_32", "gemv_m8_32", "gemv_default_m2_32",
-                                  "gemv_default_m3_32", "gemv_default_m4_32",
+                                  "gemv_default_m3_32", "gemv_default_m4_32", "gemv_xrow_m1_32",
+                                  "gemv_xrow_m5_split_32",
                                   "gemv_m3_accum_colmajor"])
 def test_triton_interpreter(interp_results: dict, name: str) -> None:
     out, ref = (torch.tensor(x, dtype=torch.float64) for x in interp_results[name])
@@ -289,14 +293,17 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
     out = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
     m1_tiles = ((8, 256), (8, 512), (8, 1024), (8, 2048), (16, 512), (16, 1024), (32, 512), (4, 1024), (4, 2048),
                 (4, 4096), (2, 8192))
-    # M = 1: each tile with 4 and 8 warps; more rows: the tiles of gemm.py's --rows-sweep
-    configs = [(bn_, bk_, w) for bn_, bk_ in m1_tiles for w in (4, 8)] if m == 1 else [
-        (8, 512, 4), (8, 1024, 4), (8, 1024, 8), (8, 2048, 4), (8, 2048, 8), (4, 1024, 4), (4, 2048, 4),
-        (4, 4096, 4), (2, 4096, 4), (2, 8192, 4), (16, 512, 8), (16, 1024, 8)]
-    for bn_, bk_, w in configs:
+    # M = 1: each tile with 4 and 8 warps; more rows: the tiles of gemm.py's --rows-sweep; both: x as one
+    # row (x_row) on tiles with warps along K (rows in-thread) and along N (a layout change)
+    configs = [(bn_, bk_, w, False) for bn_, bk_ in m1_tiles for w in (4, 8)] if m == 1 else [
+        (8, 512, 4, False), (8, 1024, 4, False), (8, 1024, 8, False), (8, 2048, 4, False), (8, 2048, 8, False),
+        (4, 1024, 4, False), (4, 2048, 4, False), (4, 4096, 4, False), (2, 4096, 4, False), (2, 8192, 4, False),
+        (16, 512, 8, False), (16, 1024, 8, False)]
+    configs += [(4, 2048, 4, True), (8, 2048, 4, True), (2, 4096, 4, True), (8, 512, 4, True)]
+    for bn_, bk_, w, x_row in configs:
         for split in (1, 3):
             out.fill_(float("nan"))
-            fp8_block_gemm(a, sa, b, sb, (32, 32), out=out, config=GemvConfig(bn_, bk_, split, w, 1))
+            fp8_block_gemm(a, sa, b, sb, (32, 32), out=out, config=GemvConfig(bn_, bk_, split, w, 1, None, x_row))
             assert_gemm_close(out, ref)
 
 
