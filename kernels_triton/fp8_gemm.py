@@ -346,13 +346,13 @@ if _HAVE_TRITON:
 
 
     @triton.jit
-    def _fp8_gemv_row_out(acc, row: tl.constexpr, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N,
-                          s_cm, s_cn, s_dm, s_dn, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr):
+    def _fp8_gemv_row_out(acc, row: tl.constexpr, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS: tl.constexpr,
+                          N, s_cm, s_cn, s_dm, s_dn, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr):
         """Row `row`'s result of `_fp8_gemv_kernel`: with split-K its partial into the workspace, else
         (+ c) into the output."""
         res = tl.sum(acc, axis=1)
         if USE_SPLIT:
-            tl.store(ws_ptr + (pid_k * M + row) * N + offs_n, res, mask=n_mask)
+            tl.store(ws_ptr + (pid_k * ROWS + row) * N + offs_n, res, mask=n_mask)
         else:
             if HAS_C:
                 res += tl.load(c_ptr + row * s_cm + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
@@ -362,7 +362,7 @@ if _HAVE_TRITON:
     @triton.jit
     def _fp8_gemv_kernel(
         a_ptr, b_ptr, as_ptr, bs_ptr, c_ptr, d_ptr, ws_ptr, cnt_ptr,
-        M, N, K, iters_per_split, split_k,
+        N, K, iters_per_split, split_k,
         s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_cm, s_cn, s_dm, s_dn,
         ROWS: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr, PDL: tl.constexpr,
@@ -443,28 +443,28 @@ if _HAVE_TRITON:
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp8_gemv_step(
                 w, x_rows, as_ptr, bs_row, it, K, s_am, s_ak, s_asm, s_ask, s_bsk,
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ROWS, GK, BLOCK_N, BLOCK_K, VEC)
-        _fp8_gemv_row_out(acc0, 0, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+        _fp8_gemv_row_out(acc0, 0, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                           USE_SPLIT, HAS_C)
         if ROWS > 1:
-            _fp8_gemv_row_out(acc1, 1, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc1, 1, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if ROWS > 2:
-            _fp8_gemv_row_out(acc2, 2, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc2, 2, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if ROWS > 3:
-            _fp8_gemv_row_out(acc3, 3, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc3, 3, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if ROWS > 4:
-            _fp8_gemv_row_out(acc4, 4, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc4, 4, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if ROWS > 5:
-            _fp8_gemv_row_out(acc5, 5, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc5, 5, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if ROWS > 6:
-            _fp8_gemv_row_out(acc6, 6, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc6, 6, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if ROWS > 7:
-            _fp8_gemv_row_out(acc7, 7, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, M, N, s_cm, s_cn, s_dm, s_dn,
+            _fp8_gemv_row_out(acc7, 7, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS, N, s_cm, s_cn, s_dm, s_dn,
                               USE_SPLIT, HAS_C)
         if USE_SPLIT:
             # Split-K: the last CTA to arrive on this N tile sums the partials in split order
@@ -475,7 +475,7 @@ if _HAVE_TRITON:
                 for row in tl.static_range(ROWS):
                     total = tl.zeros((BLOCK_N,), dtype=tl.float32)
                     for s in range(split_k):
-                        total += tl.load(ws_ptr + (s * M + row) * N + offs_n, mask=n_mask, other=0.0,
+                        total += tl.load(ws_ptr + (s * ROWS + row) * N + offs_n, mask=n_mask, other=0.0,
                                          cache_modifier=".cg")
                     if HAS_C:
                         total += tl.load(c_ptr + row * s_cm + offs_n * s_cn, mask=n_mask, other=0.0).to(tl.float32)
@@ -606,8 +606,9 @@ GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernel takes (with a
 # --rows-sweep; RESULTS.md, eleventh session): M = 2 and 3 (per layer, best tiles: M = 2 ~101 us, M = 3
 # ~131 us, against ~143 us on the tl.dot split-K path), and M = 4 on weights of at most
 # GEMV_ROWS_SMALL_WEIGHT elements. Above that the tl.dot path wins: the GEMV kernel converts each row's
-# fp8 x for every weight element it meets, and each added row costs ~29 us per layer (tiles holding
-# more N rows per thread, and x loaded as one [1, BLOCK_K] row, did not remove that).
+# fp8 x for every weight element it meets, and each added row costs ~29 us per layer. Loading x as one
+# row (GemvConfig.x_row) helped on the tiles with warps along K it was tried on, but the tiles it suits
+# most were not swept yet (RESULTS.md, eleventh session).
 GEMV_ROWS_DEFAULT_MAX_M = 3
 GEMV_ROWS_SMALL_WEIGHT = 6 << 20
 GEMV_ROWS_SMALL_MAX_M = 4
@@ -711,7 +712,7 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
     pdl = gemv_pdl(a.device, k, tiles, cfg.pdl)
     _fp8_gemv_kernel[(tiles, split)](
         a, b, a_scale, b_scale, c_arg, out, ws, cnt,
-        m, n, k, per, split,
+        n, k, per, split,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), a_scale.stride(0), a_scale.stride(1),
         b_scale.stride(0), b_scale.stride(1), c.stride(0) if c is not None else 0,
         c.stride(1) if c is not None else 0, out.stride(0), out.stride(1),
