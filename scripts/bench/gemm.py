@@ -5,10 +5,12 @@ Prints, with rooflines measured in the same run:
 - per dense shape (N x K, [32,32] blocks): GEMV time and GB/s of weight (+ scale) bytes at M=1, % of
   copy bandwidth, and the sum over 40 layers for one decode token; torch._scaled_mm (per-tensor
   scales, M padded to 16: its minimum) and bf16 torch.matmul on the same shapes;
-- prefill at M=2048: TFLOP/s of the Triton GEMM ([32,32] and [128,128]) vs bf16 torch.matmul.
+- prefill at M=2048: TFLOP/s of the Triton GEMM ([32,32] and [128,128]) vs bf16 torch.matmul;
+- with --rows-sweep only: M = 2..8, the GEMV kernel's tiles against the default dispatch and the
+  tl.dot path (`rows_sweep`).
 Weights rotate over several copies (> L2) so the GEMV numbers are DRAM numbers, as in decode.
 Usage: PYTHONPATH=. python3 scripts/bench/gemm.py [--sweep] [--prefill-sweep] [--no-prefill] [--baseline]
-       [--json PATH]
+       [--rows-sweep [--rows-tiles 4x2048w4r,...]] [--json PATH]
 """
 
 from __future__ import annotations
