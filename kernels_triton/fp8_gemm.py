@@ -604,14 +604,13 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
 GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernel takes (with an explicit GemvConfig)
 # Where the defaults use it for M > 1, from the H200 sweep of 2026-12-01 (scripts/bench/gemm.py
 # --rows-sweep; RESULTS.md, eleventh session): M = 2 and 3 (per layer, best tiles: M = 2 ~101 us, M = 3
-# ~131 us, against ~143 us on the tl.dot split-K path), and M = 4 on weights of at most
-# GEMV_ROWS_SMALL_WEIGHT elements. Above that the tl.dot path wins: the GEMV kernel converts each row's
-# fp8 x for every weight element it meets, and each added row costs ~29 us per layer. Loading x as one
-# row (GemvConfig.x_row) helped on the tiles with warps along K it was tried on, but the tiles it suits
-# most were not swept yet (RESULTS.md, eleventh session).
+# ~131 us, against ~143 us on the tl.dot split-K path), and M = 4..8 only where GEMV_ROWS_TUNED has
+# a tile for the shape (measured faster than tl.dot: two small V4.1-Flash weights at M = 4). Above
+# that the tl.dot path wins: the GEMV kernel converts each row's fp8 x for every weight element it
+# meets, and each added row costs ~29 us per layer. Loading x as one row (GemvConfig.x_row) helped
+# on the tiles with warps along K it was tried on, but the tiles it suits most were not swept yet
+# (RESULTS.md, eleventh session).
 GEMV_ROWS_DEFAULT_MAX_M = 3
-GEMV_ROWS_SMALL_WEIGHT = 6 << 20
-GEMV_ROWS_SMALL_MAX_M = 4
 # (N, K) -> {M: (block_n, block_k, warps) or None for the tl.dot path}: the sweep's best tile per
 # V4.1-Flash shape and M (us in that run; tl.dot path in brackets).
 GEMV_ROWS_TUNED: dict[tuple[int, int], dict[int, tuple[int, int, int] | None]] = {
@@ -650,16 +649,17 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes of the tiles it tried
     (GEMV_M1_TUNED overrides it for four of them since a wider sweep on 2026-11-30): 8-row N tiles;
     K >= 4608 -> 2048-wide K steps with 4 warps, else 512-wide with 8 warps; no split-K (the
-    arrival-counter epilogue cost more than it gained on every shape). M = 2..4: GEMV_ROWS_TUNED for
+    arrival-counter epilogue cost more than it gained on every shape). M = 2 and 3: GEMV_ROWS_TUNED for
     the V4.1-Flash shapes, else 4-row tiles with 1024-wide K steps and 4 warps (the tile with the best
-    mean over the seven shapes at M = 3 and 4 in the 2026-12-01 sweep). Split-K only where the N tiles
+    mean over the seven shapes at M = 3 in the 2026-12-01 sweep); M = 4..8 only where GEMV_ROWS_TUNED
+    has a tile for the shape. Split-K only where the N tiles
     alone leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
         return GemvConfig(*(int(x) for x in env.split(",")))
-    max_m = GEMV_ROWS_SMALL_MAX_M if n * k <= GEMV_ROWS_SMALL_WEIGHT else GEMV_ROWS_DEFAULT_MAX_M
-    if bn < 8 or bn % 8 or m > max_m:
+    per_m = GEMV_ROWS_TUNED.get((n, k), {})
+    if bn < 8 or bn % 8 or (m > GEMV_ROWS_DEFAULT_MAX_M and per_m.get(m) is None):
         return None
     sms = _num_sms(device) if device.type == "cuda" else 4
     if m == 1:
@@ -668,17 +668,15 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
             return GemvConfig(tuned[0], tuned[1], 1, tuned[2], 1, tuned[3])
         block_n = 8
         block_k, warps = (2048, 4) if k >= 4608 else (512, 8)
+    elif m in per_m:
+        tile = per_m[m]
+        if tile is None:
+            return None
+        block_n, block_k, warps = tile
     else:
-        per_m = GEMV_ROWS_TUNED.get((n, k))
-        if per_m is not None and m in per_m:
-            tile = per_m[m]
-            if tile is None:
-                return None
-            block_n, block_k, warps = tile
-        else:
-            block_n, block_k, warps = 4, 1024, 4
-        if bn % block_n:
-            block_n = 8
+        block_n, block_k, warps = 4, 1024, 4
+    if bn % block_n:  # a tuned tile wider than this weight's scale rows
+        block_n = 8
     block_k = min(block_k, max(64, triton.next_power_of_2(k)))
     tiles = -(-n // block_n)
     k_iters = -(-k // block_k)

@@ -147,7 +147,7 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_bn4_one_step_32", 1, 44, 1060, 32, 32, GemvConfig(4, 2048, 1, 4, 1)),
     ("gemv_bn2_one_step_32", 1, 22, 1184, 32, 32, GemvConfig(2, 2048, 1, 4, 1)),
     # 2..8 activation rows (one accumulator per row): 2 rows, 3 with split-K, 5 with 128-wide groups,
-    # 7 with split-K and 4-row tiles, all 8, and the default configs (M = 2, 3, and 4 on a small weight)
+    # 7 with split-K and 4-row tiles, all 8, and the default configs (M = 2, 3; M = 4 takes tl.dot)
     ("gemv_m2_32", 2, 72, 1248, 32, 32, GemvConfig(8, 256, 1, 4, 1)),
     ("gemv_m3_split_32", 3, 40, 1060, 32, 32, GemvConfig(8, 128, 3, 4, 1)),
     ("gemv_m5_split_128", 5, 80, 640, 128, 128, GemvConfig(16, 128, 2, 4, 1)),
@@ -232,8 +232,9 @@ def test_triton_interpreter(interp_results: dict, name: str) -> None:
 
 
 def test_default_gemv_dispatch() -> None:
-    """The defaults take the GEMV kernel for M = 1..3 and for M = 4 on small weights only (where the
-    H200 runs measured it faster than the tl.dot path), never for weight scale rows narrower than 8."""
+    """The defaults take the GEMV kernel for M = 1..3, and above only for shapes GEMV_ROWS_TUNED names
+    (where the H200 runs measured it faster than the tl.dot path), never for weight scale rows
+    narrower than 8."""
     from kernels_triton.fp8_gemm import GEMV_M1_TUNED, GEMV_ROWS_TUNED, GemvConfig, default_gemv_config
 
     cpu = torch.device("cpu")
@@ -243,8 +244,9 @@ def test_default_gemv_dispatch() -> None:
     assert default_gemv_config(25600, 6144, 32, cpu, m=3) is not None
     assert default_gemv_config(16384, 1280, 32, cpu, m=3) is None  # the one tuned tl.dot entry
     assert default_gemv_config(25600, 6144, 32, cpu, m=4) is None
-    assert default_gemv_config(4096, 1280, 32, cpu, m=4) is not None  # a small weight
+    assert default_gemv_config(4096, 1280, 32, cpu, m=4) is not None  # a tuned small weight
     assert default_gemv_config(4096, 1280, 32, cpu, m=5) is None
+    assert default_gemv_config(4000, 1200, 32, cpu, m=4) is None  # an untuned one
     assert default_gemv_config(3000, 4000, 32, cpu, m=3) == GemvConfig(4, 1024, 1, 4, 1)  # untuned shape
     assert default_gemv_config(3000, 4000, 32, cpu, m=4) is None
     assert default_gemv_config(25600, 6144, 1, cpu) is None
