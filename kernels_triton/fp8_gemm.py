@@ -27,8 +27,8 @@ c=None) -> Tensor`
 
 Kernel notes (why it looks like this)
 - Decode is bound by reading the weight once. A tensor-core-free GEMV kernel (`_fp8_gemv_kernel`,
-  1..8 rows; its docstring says why it looks like it does) by default for M = 1..3, and M = 4 on
-  small weights (`default_gemv_config`, GEMV_MAX_M say why); other M <= 16 and batched
+  1..8 rows; its docstring says why it looks like it does) by default for M = 1..3, and above for
+  the shapes GEMV_ROWS_TUNED names (`default_gemv_config`, GEMV_MAX_M say why); other M <= 16 and batched
   operands: the tl.dot kernel with a 16-row tile. Both can split K over CTAs
   with a "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is
   launched; the counters reset themselves, which keeps the path CUDA-graph safe.
@@ -819,8 +819,9 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
 
     Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
     `out`, when given, is written in place (any strides) and returned. With 2-D operands, M = 1..3
-    (and M = 4 on small weights) use the tensor-core-free GEMV kernel when the weight scale block is
-    a multiple of 8 rows; an explicit `GemvConfig` selects it for any M <= GEMV_MAX_M.
+    (and more rows for the shapes GEMV_ROWS_TUNED names) use the tensor-core-free GEMV kernel when the
+    weight scale block is a multiple of 8 rows; an explicit `GemvConfig` selects it for any
+    M <= GEMV_MAX_M.
     """
     bs = (int(block_size[0]), int(block_size[1]))
     m, n, _, _, _ = _check(a_fp8, a_scale, b_fp8, b_scale, bs)
