@@ -203,8 +203,9 @@ def rows_sweep(sweep_tiles: list[tuple[int, int, int, bool]]) -> list[dict]:
         torch.cuda.empty_cache()
     print(f"per layer M=1: {sums[('M1',)] * 1e3:.1f} us")
     for m in ROWS_SWEEP_M:
-        line = f"per layer M={m}: default {sums[('default', m)] * 1e3:.1f} us, tl.dot {sums[('dot', m)] * 1e3:.1f} us, " \
-               f"best tile per shape {sums[('best', m)] * 1e3:.1f} us; tiles (mean time / best): "
+        line = (f"per layer M={m}: default {sums[('default', m)] * 1e3:.1f} us, "
+                f"tl.dot {sums[('dot', m)] * 1e3:.1f} us, "
+                f"best tile per shape {sums[('best', m)] * 1e3:.1f} us; tiles (mean time / best): ")
         tops = sorted(((sum(v) / len(v), key) for (mm, key), v in rel.items() if mm == m))[:4]
         print(line + "; ".join(f"{key} {r:.3f}" for r, key in tops))
     return out

@@ -313,10 +313,11 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("m", [1, 3])
 def test_gpu_gemv_chain_waits_for_its_input(m: int, graph: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A chain of M-row GEMVs (the GEMV kernel by default at M = 1 and 3), each fed by the previous one's output (quantized by torch kernels in
-    between), then two GEMVs writing one buffer back to back: with PDL a GEMV starts streaming its
-    weight while its predecessor runs, so a missing or misplaced wait would read a stale input or let
-    the earlier write land last. Eager and in a CUDA graph (where SGLang's decode runs)."""
+    """A chain of M-row GEMVs (the GEMV kernel by default at M = 1 and 3), each fed by the previous
+    one's output (quantized by torch kernels in between), then two GEMVs writing one buffer back to
+    back: with PDL a GEMV starts streaming its weight while its predecessor runs, so a missing or
+    misplaced wait would read a stale input or let the earlier write land last. Eager and in a CUDA
+    graph (where SGLang's decode runs)."""
     from kernels_triton.fp8_gemm import gemv_pdl
 
     monkeypatch.setenv("WINPORT_FP8_GEMV_PDL", "force")  # PDL on every shape of the chain, where supported

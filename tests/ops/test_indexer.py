@@ -278,7 +278,8 @@ def test_topk_v2_and_ragged() -> None:
 # the torch reference. On a CPU-only machine the kernel runs under the interpreter (the `topk_kernel`
 # fixture sets WINPORT_TRITON_ON_CPU=1, kernels_triton._dispatch's switch); tiles are made small so
 # that the test sizes run every loop of the kernel several times (chunks of the full-row pass, blocks
-# of the others, rows per program) and reach both outcomes of the pivot step. Outputs start as POISON, so an unwritten slot fails.
+# of the others, rows per program) and reach both outcomes of the pivot step. Outputs start as
+# POISON, so an unwritten slot fails.
 
 TOPK_DEV = "cuda" if torch.cuda.is_available() else "cpu"
 POISON = -(2**30)  # no transform writes it: positions are >= -1, page ids and offsets are small here
