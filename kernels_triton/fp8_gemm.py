@@ -27,8 +27,8 @@ c=None) -> Tensor`
 
 Kernel notes (why it looks like this)
 - Decode is bound by reading the weight once. A tensor-core-free GEMV kernel (`_fp8_gemv_kernel`,
-  1..8 rows; its docstring says why it looks like it does) by default for M = 1..3, and above for
-  the shapes GEMV_ROWS_TUNED names (`default_gemv_config`, GEMV_MAX_M say why); other M <= 16 and batched
+  1..8 rows; its docstring says why it looks like it does) by default for M = 1..3, and up to 6 rows
+  where GEMV_TUNED says so (`default_gemv_config` says why); other M <= 16 and batched
   operands: the tl.dot kernel with a 16-row tile. Both can split K over CTAs
   with a "last CTA reduces" epilogue (per-tile arrival counter) so no extra reduction kernel is
   launched; the counters reset themselves, which keeps the path CUDA-graph safe.
@@ -43,10 +43,10 @@ Kernel notes (why it looks like this)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 
@@ -346,6 +346,23 @@ if _HAVE_TRITON:
 
 
     @triton.jit
+    def _fp8_gemv_prefetch_l2(w_rows, n_mask, it, K, s_bk, BLOCK_K: tl.constexpr):
+        """Ask L2 for one K step's weight tile without waiting for it (PTX `prefetch.global.L2`, one
+        per 128-byte line of each tile row; lines past N or K re-touch the row's first line instead)."""
+        LINE: tl.constexpr = 128 if BLOCK_K >= 128 else BLOCK_K
+        kl = it * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
+        ok = n_mask[:, None] & (kl < K)[None, :]
+        ptrs = tl.where(ok, w_rows + kl[None, :] * s_bk, w_rows)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+    @triton.jit
+    def _fp8_gemv_prefetch_steps(w_rows, n_mask, first, last, K, s_bk, BLOCK_K: tl.constexpr):
+        """`_fp8_gemv_prefetch_l2` for K steps first .. last - 1."""
+        for p in range(first, last):
+            _fp8_gemv_prefetch_l2(w_rows, n_mask, p, K, s_bk, BLOCK_K)
+
+    @triton.jit
     def _fp8_gemv_row_out(acc, row: tl.constexpr, c_ptr, d_ptr, ws_ptr, offs_n, n_mask, pid_k, ROWS: tl.constexpr,
                           N, s_cm, s_cn, s_dm, s_dn, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr):
         """Row `row`'s result of `_fp8_gemv_kernel`: with split-K its partial into the workspace, else
@@ -366,13 +383,13 @@ if _HAVE_TRITON:
         s_am, s_ak, s_bn, s_bk, s_asm, s_ask, s_bsn, s_bsk, s_cm, s_cn, s_dm, s_dn,
         ROWS: tl.constexpr, GN: tl.constexpr, GK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         VEC: tl.constexpr, USE_SPLIT: tl.constexpr, HAS_C: tl.constexpr, PDL: tl.constexpr,
-        X_ROW: tl.constexpr,
+        X_ROW: tl.constexpr, L2_PREFETCH: tl.constexpr,
     ):
         """Decode GEMV without tensor cores for ROWS = M (1..8) activation rows:
         out[m, n] = sum_k w[n, k] * x[m, k] * sa[m, k/GK] * sb[n/GN, k/GK].
 
-        Why it looks like this (H200 analysis, RESULTS.md "GEMV rework" 2026-11-29, and the eleventh
-        session for the rows):
+        Why it looks like this (H200 analysis, RESULTS.md "GEMV rework" 2026-11-29, the eleventh
+        session for the rows, the twelfth for x as one row):
         - No tl.dot: at M = 1 an MMA wastes 15/16 of its rows and routes the weight through a
           dot-operand layout; a multiply-add streams the fp8 tile from 16-byte vector loads.
         - In-thread partial sums: the product tile is viewed as [BLOCK_N, BLOCK_K / VEC, VEC] and
@@ -381,19 +398,21 @@ if _HAVE_TRITON:
           registers per thread at 8 x 1024) instead of one fp32 per loaded byte, so registers go to
           loads in flight rather than to the accumulator.
         - Rows: each weight tile is converted to fp32 once and then multiplied with each row of x in
-          turn, one 2-D accumulator per row (acc0..acc7, unrolled at compile time). It still costs
-          ~29 us per added row over a V4.1-Flash layer on the H200 with x in the weight's layout
-          (next point). The defaults therefore use it up to 3 rows (GEMV_MAX_M's comment).
+          turn, one 2-D accumulator per row (acc0..acc7, unrolled at compile time). With x as one
+          row (below) an added row costs ~10-20 us over a V4.1-Flash layer on the H200 (M = 1 67 us,
+          M = 2 78 us, M = 4 108 us), so the defaults use it up to 6 rows where it beat the tl.dot
+          path (GEMV_TUNED).
         - Scales after the partial sum: a VEC chunk lies inside one K scale group (GK % VEC == 0)
           and the tile's rows share one weight-scale row (GN % BLOCK_N == 0), so activation and
           weight scales multiply the [BLOCK_N, BLOCK_K / VEC] partials (1/VEC of the work).
-        - x is loaded in the weight tile's own 2-D layout (a broadcast over rows) by default: a 1-D
-          x tile needs a shared-memory layout conversion and a CTA barrier every K step when the
-          tile's warps lie along N. The price is one load and one fp8 conversion of x per tile row a
-          thread holds (Triton emits both as inline asm, which LLVM does not merge), and that is
-          what makes each added activation row cost about as much as the weight's own conversion.
-          X_ROW (GemvConfig.x_row) loads x as one [1, BLOCK_K] row instead, for tiles whose warps
-          lie along K.
+        - x as one row (X_ROW, GemvConfig.x_row; every tuned default): x is loaded as one
+          [1, BLOCK_K] row per K step and broadcast over the tile. Without it x is loaded in the
+          weight tile's own 2-D layout, one load and one fp8 conversion of x per tile row a thread
+          holds (Triton emits both as inline asm, which LLVM does not merge), which made each added
+          activation row cost about as much as the weight's own conversion (~29 us per row per
+          layer). X_ROW suits tiles whose warps lie along K (each thread holds whole tile rows);
+          where warps lie along N it adds a shared-memory layout change and a CTA barrier per step,
+          so the 8 x 512 / 8-warp rule for untuned short rows keeps the 2-D layout.
         - No software pipelining: Triton does not pipeline loads that do not feed a tl.dot, and a
           hand-written register double buffer (next K step's tile loaded before this step's math)
           was slower in every H200 sweep cell (more registers, byte shuffles); occupancy (about 32
@@ -403,6 +422,14 @@ if _HAVE_TRITON:
           kernel lets its successor launch at once, loads its first weight tile, and only then
           waits for the previous kernel (griddepcontrol.wait) before touching x, the scales or the
           output: the weight stream of one GEMV overlaps the tail of the one before.
+        - L2_PREFETCH (GemvConfig.l2_prefetch, GPU only: inline PTX the interpreter cannot run): asks
+          L2 for the weight of the next L2_PREFETCH K steps (`prefetch.global.L2`, before the PDL
+          wait) and keeps that distance in the loop. It lost on most tiles (more requests in flight
+          than DRAM needs, e.g. 25600x6144 38 -> 46 us) and won on 1792x5120 with 2 K steps (5.2 ->
+          4.1 us). On single-step tiles it prefetches nothing, yet it timed faster in every H200 run
+          with PDL (5120x4096 7.1 -> 6.4 us, 2304x5120 5.5 -> 5.1): only the code before the wait
+          differs (the empty prefetch loop; same registers), a cause not understood. GEMV_TUNED
+          uses 2 on those three shapes only.
         """
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
@@ -432,12 +459,20 @@ if _HAVE_TRITON:
             gdc_launch_dependents()
             kk = it0 * BLOCK_K + offs_k
             w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
+            if L2_PREFETCH > 0:  # more of the weight on its way while the previous kernel finishes
+                _fp8_gemv_prefetch_steps(w_rows, n_mask, it0 + 1, tl.minimum(it0 + 1 + L2_PREFETCH, it1), K, s_bk,
+                                         BLOCK_K)
             gdc_wait()  # the previous kernel's writes (x, its scales, our output buffer) are visible now
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp8_gemv_step(
                 w, x_rows, as_ptr, bs_row, it0, K, s_am, s_ak, s_asm, s_ask, s_bsk,
                 acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, ROWS, GK, BLOCK_N, BLOCK_K, VEC)
             start = it0 + 1
+        elif L2_PREFETCH > 0:
+            _fp8_gemv_prefetch_steps(w_rows, n_mask, it0 + 1, tl.minimum(it0 + 1 + L2_PREFETCH, it1), K, s_bk, BLOCK_K)
         for it in range(start, it1):
+            if L2_PREFETCH > 0:  # keep L2_PREFETCH steps ahead of the loads in flight
+                if (it > it0) & (it + L2_PREFETCH < it1):
+                    _fp8_gemv_prefetch_l2(w_rows, n_mask, it + L2_PREFETCH, K, s_bk, BLOCK_K)
             kk = it * BLOCK_K + offs_k
             w = tl.load(w_rows + kk[None, :] * s_bk, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0)
             acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7 = _fp8_gemv_step(
@@ -483,7 +518,7 @@ if _HAVE_TRITON:
                 tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class GemmConfig:
     """One launch configuration (block sizes in elements)."""
 
@@ -497,7 +532,7 @@ class GemmConfig:
     group_m: int = 8
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class GemvConfig:
     """Launch configuration of the GEMV kernel (`_fp8_gemv_kernel`).
 
@@ -507,8 +542,9 @@ class GemvConfig:
     instead of in the weight tile's 2-D layout (one copy per tile row a thread holds, each loaded
     and converted from fp8 again). Where the tile's warps all lie along K (rows held in-thread,
     e.g. 2 x 4096 with 4 warps) that removes the copies without a layout change; where warps lie
-    along N it adds a shared-memory layout change per row and step. The defaults do not use it
-    yet: RESULTS.md (eleventh session) has what was measured and what is left to measure."""
+    along N it adds a shared-memory layout change per row and step. Every GEMV_TUNED entry uses it.
+    l2_prefetch: K steps of weight requested into L2 ahead of the loads (0: none; GPU only, the
+    interpreter runs without it); `_fp8_gemv_kernel`'s docstring says where it pays."""
 
     block_n: int
     block_k: int
@@ -517,6 +553,7 @@ class GemvConfig:
     num_stages: int
     pdl: bool | None = None
     x_row: bool = False
+    l2_prefetch: int = 0
 
 
 _COUNTER_SLOTS = 1 << 16
@@ -555,7 +592,7 @@ def gemv_pdl(device: torch.device, k: int, tiles: int, choice: bool | None = Non
     of 2026-11-30 (scripts/bench/RESULTS.md, ninth session) timed PDL faster there (25600x6144
     42.5 -> 40.3 us, 16384x1280 9.2 -> 8.3, 4096x1280 4.1 -> 3.2, 5120x1152 equal) and slower on the
     long rows of the small grids (5120x4096 8.7 -> 10.4, 2304x5120 7.6 -> 8.9, 1792x5120 6.6 -> 8.3),
-    which GEMV_M1_TUNED now gives other tiles. WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
+    which GEMV_TUNED now gives other tiles. WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
     wherever supported (the benchmark's switches)."""
     env = os.environ.get("WINPORT_FP8_GEMV_PDL", "1")
     if env == "0" or not _pdl_supported(device):
@@ -602,86 +639,83 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
 
 
 GEMV_MAX_M = 8  # activation rows the tensor-core-free GEMV kernel takes (with an explicit GemvConfig)
-# Where the defaults use it for M > 1, from the H200 sweep of 2026-12-01 (scripts/bench/gemm.py
-# --rows-sweep; RESULTS.md, eleventh session): M = 2 and 3 (per layer, best tiles: M = 2 ~101 us, M = 3
-# ~131 us, against ~143 us on the tl.dot split-K path), and M = 4..8 only where GEMV_ROWS_TUNED has
-# a tile for the shape (measured faster than tl.dot: two small V4.1-Flash weights at M = 4). Above
-# that the tl.dot path wins: the GEMV kernel converts each row's fp8 x for every weight element it
-# meets, and each added row costs ~29 us per layer. Loading x as one row (GemvConfig.x_row) helped
-# on the tiles with warps along K it was tried on, but the tiles it suits most were not swept yet
-# (RESULTS.md, eleventh session).
+# Untuned shapes take the GEMV kernel up to this many rows by default, the tl.dot split-K path above.
 GEMV_ROWS_DEFAULT_MAX_M = 3
-# (N, K) -> {M: (block_n, block_k, warps) or None for the tl.dot path}: the sweep's best tile per
-# V4.1-Flash shape and M (us in that run; tl.dot path in brackets).
-GEMV_ROWS_TUNED: dict[tuple[int, int], dict[int, tuple[int, int, int] | None]] = {
-    (25600, 6144): {2: (8, 1024, 8), 3: (4, 1024, 4)},  # 55.6 (77.8), 74.1 (77.9)
-    (16384, 1280): {2: (16, 256, 4), 3: None},  # 10.5 (13.3); M = 3 13.7 (13.3)
-    (5120, 4096): {2: (2, 4096, 4), 3: (4, 1024, 4)},  # 10.0 (14.6), 12.3 (14.6)
-    (4096, 1280): {2: (4, 2048, 4), 3: (32, 512, 8), 4: (16, 1024, 8)},  # 4.2, 5.3, 6.8 (7.4-7.5)
-    (5120, 1152): {2: (4, 2048, 4), 3: (16, 512, 4), 4: (16, 512, 8)},  # 5.1, 5.6, 7.3 (7.6-7.8)
-    (2304, 5120): {2: (2, 4096, 4), 3: (4, 1024, 4)},  # 8.5 (11.0), 10.3 (11.1)
-    (1792, 5120): {2: (8, 1024, 8), 3: (8, 2048, 8)},  # 6.9 (9.7), 8.8 (9.7)
-}
-# M = 1 tiles for the V4.1-Flash dense shapes where the H200 tile sweep of 2026-11-30 (scripts/bench/
-# gemm.py --sweep --sweep-tiles ..., RESULTS.md "GEMV tiles for the small grids") beat the general rule
-# below, (N, K) -> (block_n, block_k, warps, pdl). They share a cause: with 8-row tiles these shapes
-# give under ~5 CTAs per SM that each stream K in 2-3 dependent steps; narrower N tiles and K steps
-# covering the row put more of the weight in flight at once. PDL on for all: with these tiles the
-# seven shapes in turn in one graph took 73.9 us per layer with PDL everywhere, 75.5 us with it off
-# for 1792x5120 (alone that shape is 0.6 us faster without it).
-# 5120x4096 was (4, 4096, 4) until the GEMV kernel took 1..8 rows (2026-12-01): its M = 1 build has
-# the former M = 1 kernel's PTX and SASS but for the prologue's parameter loads (the row strides it
-# gained), yet with that tile took 7.4 us against the former kernel's 6.9 in the same H200 runs (the
-# other six shapes timed equal). A re-sweep of 16 tiles on that shape picked (2, 4096, 2): 7.0 us.
-GEMV_M1_TUNED = {
-    (5120, 4096): (2, 4096, 2, True),  # 8.8 -> 7.0 us
-    (5120, 1152): (4, 2048, 4, True),  # 4.5 -> 3.6 us
-    (2304, 5120): (2, 8192, 4, True),  # 7.7 -> 5.6 us
-    (1792, 5120): (4, 1024, 8, True),  # 6.6 -> 5.6 us (without PDL; 6.2 with)
+
+
+def _tuned(block_n: int, block_k: int, warps: int, l2_prefetch: int = 0) -> GemvConfig:
+    """A GEMV_TUNED entry: one split (the split rule still applies), x as one row, PDL on."""
+    return GemvConfig(block_n, block_k, 1, warps, 1, True, True, l2_prefetch)
+
+
+# (N, K) -> {M: GemvConfig, or None for the tl.dot split-K path}: the V4.1-Flash dense shapes, from the
+# H200 sweeps of 2026-12-01, twelfth session (scripts/bench/gemm.py --rows-sweep --rows-m ... --rows-tiles
+# ...; RESULTS.md "x as one row"). Each entry is that sweep's best tile with x loaded as one row and PDL on
+# (PDL timed equal or faster than without for every shape and M). The comments give us per call in that run,
+# [the former default], {the tl.dot path}. M missing (and M >= 7): the tl.dot path, which costs about the
+# same at every M (~143 us per layer), while the GEMV kernel's multiply-adds on CUDA cores grow with each
+# row; a GEMV tile stays only where it beat tl.dot by >= 5%. l2_prefetch = 2 on the single-K-step tiles of 5120x4096 and
+# 2304x5120 prefetches nothing (no later K step): it was faster in every run that timed both, through
+# the code it adds before the PDL wait (RESULTS.md; the cause is not understood).
+GEMV_TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
+    (25600, 6144): {1: _tuned(8, 2048, 4),  # 38.9 [39.8]
+                    2: _tuned(4, 2048, 4), 3: _tuned(8, 1024, 2),  # 43.0 [54.6], 50.5 [72.7]
+                    4: _tuned(4, 512, 1)},  # 60.5 {78.4}; M = 5: 77.9 {79.0}
+    (16384, 1280): {1: _tuned(8, 512, 1), 2: _tuned(8, 512, 1),  # 7.6 [8.1], 7.9 [10.4]
+                    3: _tuned(8, 512, 1), 4: _tuned(4, 512, 1)},  # 9.3 {13.3}, 11.9 {13.6}
+    (5120, 4096): {1: _tuned(2, 4096, 4, 2), 2: _tuned(2, 2048, 2),  # 6.7 [7.3], 8.5 [9.7]
+                   3: _tuned(2, 1024, 1), 4: _tuned(4, 2048, 4),  # 9.9 [12.2], 10.9 {14.7}
+                   5: _tuned(4, 512, 1)},  # 13.2 {14.8}
+    (4096, 1280): {1: _tuned(4, 2048, 4), 2: _tuned(4, 2048, 4),  # 3.1 [3.2], 3.6 [4.9]
+                   3: _tuned(4, 1024, 2), 4: _tuned(2, 512, 1),  # 4.2 {7.7}, 5.1 [6.7]
+                   5: _tuned(4, 512, 1), 6: _tuned(4, 512, 1)},  # 5.6 {7.7}, 6.4 {7.7}
+    (5120, 1152): {1: _tuned(4, 2048, 4), 2: _tuned(8, 2048, 4),  # 3.2 [3.7], 4.8 [5.0]
+                   3: _tuned(4, 512, 1), 4: _tuned(4, 512, 1),  # 5.0 [5.6], 5.7 [7.4]
+                   5: _tuned(4, 512, 1)},  # 5.7 {7.8}
+    (2304, 5120): {1: _tuned(2, 8192, 8, 2), 2: _tuned(4, 2048, 4),  # 5.1 [5.5], 6.2 [8.2]
+                   3: _tuned(2, 2048, 2), 4: _tuned(8, 2048, 4),  # 7.6 [10.3], 8.6 {11.3}
+                   5: _tuned(4, 1024, 2)},  # 9.1 {11.3}
+    (1792, 5120): {1: _tuned(8, 4096, 8, 2), 2: _tuned(2, 4096, 4),  # 4.3 [6.4], 5.7 [6.9]
+                   3: _tuned(4, 2048, 4), 4: _tuned(8, 2048, 4),  # 5.6 [8.7], 8.2 {10.0}
+                   5: _tuned(8, 2048, 4), 6: _tuned(4, 2048, 4)},  # 8.1 {9.9}, 8.6 {10.0}
 }
 
 
 def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 1) -> GemvConfig | None:
     """Default config of the GEMV kernel, or None where the defaults take the tl.dot path instead
-    (scale rows narrower than 8, or more rows than the GEMV kernel wins at; see GEMV_MAX_M).
+    (scale rows narrower than 8, or more rows than the GEMV kernel wins at).
 
-    M = 1, from the H200 sweep (scripts/bench/gemm.py --sweep; RESULTS.md "GEMV rework",
-    2026-11-29), best or within 0.2 us of the best on all 7 V4.1-Flash shapes of the tiles it tried
-    (GEMV_M1_TUNED overrides it for four of them since a wider sweep on 2026-11-30): 8-row N tiles;
-    K >= 4608 -> 2048-wide K steps with 4 warps, else 512-wide with 8 warps; no split-K (the
-    arrival-counter epilogue cost more than it gained on every shape). M = 2 and 3: GEMV_ROWS_TUNED for
-    the V4.1-Flash shapes, else 4-row tiles with 1024-wide K steps and 4 warps (the tile with the best
-    mean over the seven shapes at M = 3 in the 2026-12-01 sweep); M = 4..8 only where GEMV_ROWS_TUNED
-    has a tile for the shape. Split-K only where the N tiles
-    alone leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get proportionate grids).
+    The V4.1-Flash dense shapes: GEMV_TUNED (M = 1..6; missing M -> tl.dot). Other shapes, from the H200
+    sweeps (RESULTS.md "GEMV rework", 2026-11-29, and "x as one row", 2026-12-01): M = 1 8-row N tiles,
+    K >= 4608 -> 2048-wide K steps, 4 warps, x as one row; else 512-wide steps with 8 warps (warps
+    along N, where x as one row needs a layout change); M = 2 and 3 4 x 2048 tiles, 4 warps, x as one
+    row (the best mean over the seven shapes at M = 2 and 3); more rows -> tl.dot. PDL by `gemv_pdl`'s
+    rule. No split-K (the arrival-counter epilogue cost more than it gained on every shape) except
+    where the N tiles alone leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get
+    proportionate grids).
     """
     env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
         return GemvConfig(*(int(x) for x in env.split(",")))
-    per_m = GEMV_ROWS_TUNED.get((n, k), {})
-    if bn < 8 or bn % 8 or (m > GEMV_ROWS_DEFAULT_MAX_M and per_m.get(m) is None):
+    if bn < 8 or bn % 8:
         return None
-    sms = _num_sms(device) if device.type == "cuda" else 4
-    if m == 1:
-        tuned = GEMV_M1_TUNED.get((n, k))
-        if tuned is not None and bn % tuned[0] == 0:
-            return GemvConfig(tuned[0], tuned[1], 1, tuned[2], 1, tuned[3])
-        block_n = 8
-        block_k, warps = (2048, 4) if k >= 4608 else (512, 8)
-    elif m in per_m:
-        tile = per_m[m]
-        if tile is None:
+    per_m = GEMV_TUNED.get((n, k))
+    if per_m is not None:
+        cfg = per_m.get(m)
+        if cfg is None:
             return None
-        block_n, block_k, warps = tile
+    elif m > GEMV_ROWS_DEFAULT_MAX_M:
+        return None
+    elif m == 1:
+        cfg = GemvConfig(8, 2048, 1, 4, 1, None, True) if k >= 4608 else GemvConfig(8, 512, 1, 8, 1)
     else:
-        block_n, block_k, warps = 4, 1024, 4
-    if bn % block_n:  # a tuned tile wider than this weight's scale rows
-        block_n = 8
-    block_k = min(block_k, max(64, triton.next_power_of_2(k)))
-    tiles = -(-n // block_n)
+        cfg = GemvConfig(4, 2048, 1, 4, 1, None, True)
+    block_k = min(cfg.block_k, max(64, triton.next_power_of_2(k)))
+    tiles = -(-n // cfg.block_n)
     k_iters = -(-k // block_k)
+    sms = _num_sms(device) if device.type == "cuda" else 4
     split = 1 if tiles >= sms else max(1, min(k_iters, -(-2 * sms // tiles)))
-    return GemvConfig(block_n, block_k, split, warps, 1)
+    return dataclasses.replace(cfg, block_k=block_k, split_k=split)
 
 
 def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -716,6 +750,7 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
         c.stride(1) if c is not None else 0, out.stride(0), out.stride(1),
         ROWS=m, GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
         USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, X_ROW=cfg.x_row,
+        L2_PREFETCH=0 if os.environ.get("TRITON_INTERPRET") == "1" else cfg.l2_prefetch,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )
@@ -819,7 +854,7 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
 
     Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
     `out`, when given, is written in place (any strides) and returned. With 2-D operands, M = 1..3
-    (and more rows for the shapes GEMV_ROWS_TUNED names) use the tensor-core-free GEMV kernel when the
+    (and up to 6 rows where GEMV_TUNED says so) use the tensor-core-free GEMV kernel when the
     weight scale block is a multiple of 8 rows; an explicit `GemvConfig` selects it for any
     M <= GEMV_MAX_M.
     """

@@ -6,11 +6,14 @@ Prints, with rooflines measured in the same run:
   copy bandwidth, and the sum over 40 layers for one decode token; torch._scaled_mm (per-tensor
   scales, M padded to 16: its minimum) and bf16 torch.matmul on the same shapes;
 - prefill at M=2048: TFLOP/s of the Triton GEMM ([32,32] and [128,128]) vs bf16 torch.matmul;
-- with --rows-sweep only: M = 2..8, the GEMV kernel's tiles against the default dispatch and the
-  tl.dot path (`rows_sweep`).
+- with --rows-sweep only: M = 2..8 (or --rows-m), the GEMV kernel's tiles against the default
+  dispatch and the tl.dot path (`rows_sweep`);
+- with --prefetch-sweep only: the default GEMV configs with L2 prefetch distances (`prefetch_sweep`).
 Weights rotate over several copies (> L2) so the GEMV numbers are DRAM numbers, as in decode.
 Usage: PYTHONPATH=. python3 scripts/bench/gemm.py [--sweep] [--prefill-sweep] [--no-prefill] [--baseline]
-       [--rows-sweep [--rows-tiles 4x2048w4r,...]] [--json PATH]
+       [--rows-sweep [--rows-m 1,2,4] [--rows-tiles 4x2048w4r,2x8192w8rp2,...]]
+       [--prefetch-sweep [--prefetch-dists 1,2,4]] [--json PATH]
+WINPORT_FP8_GEMV_PDL=force|0 forces PDL on or off for every GEMV the run launches, over GemvConfig.pdl.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 
 import torch
@@ -34,7 +38,7 @@ from kernels_triton.fp8_gemm import (  # noqa: E402
     fp8_block_gemm,
 )
 
-SMALL_M = (2, 3, 4, 5, 8, 16)  # decode batches / speculative verify blocks timed with the defaults
+SMALL_M = (2, 3, 4, 5, 6, 8, 16)  # decode batches / speculative verify blocks timed with the defaults
 DOT_M = (2, 3, 4)  # ... and with the tl.dot split-K path forced
 SHAPES = [(25600, 6144), (16384, 1280), (5120, 4096), (4096, 1280), (5120, 1152), (2304, 5120), (1792, 5120)]
 LAYERS = 40
@@ -141,14 +145,16 @@ def pdl_mode(mode: str, fn):
             os.environ["WINPORT_FP8_GEMV_PDL"] = old
 
 
-def layer_sequence_time(mode: str, layers: int = 4) -> tuple[float, int]:
+def layer_sequence_time(mode: str, layers: int = 4, configs: dict | None = None) -> tuple[float, int]:
     """Milliseconds per layer of the seven M = 1 GEMVs run one after another in one CUDA graph, as a
     decode step issues them (each shape's own activation and output), over `layers` layers' distinct
-    weights (~930 MB, so L2 never holds the next weight), and the bytes one layer reads."""
+    weights (~930 MB, so L2 never holds the next weight), and the bytes one layer reads. `configs`:
+    (N, K) -> GemvConfig in place of the default dispatch."""
     per_layer = [[Weights(n, k, 32, 32, 1) for n, k in SHAPES] for _ in range(layers)]
     io = [(*act(1, k, 32), torch.empty(1, n, dtype=torch.bfloat16, device="cuda")) for n, k in SHAPES]
-    calls = [lambda w=w, a=a: fp8_block_gemm(a[0], a[1], w.w[0], w.s[0], (32, 32), out=a[2])
-             for layer in per_layer for w, a in zip(layer, io, strict=True)]
+    cfgs = [(configs or {}).get(shape) for shape in SHAPES]
+    calls = [lambda w=w, a=a, c=c: fp8_block_gemm(a[0], a[1], w.w[0], w.s[0], (32, 32), out=a[2], config=c)
+             for layer in per_layer for w, a, c in zip(layer, io, cfgs, strict=True)]
     ms = pdl_mode(mode, lambda: graph_bench(calls)) * len(SHAPES)
     nbytes = sum(w.nbytes() for w in per_layer[0])
     del per_layer
@@ -157,13 +163,13 @@ def layer_sequence_time(mode: str, layers: int = 4) -> tuple[float, int]:
 
 
 ROWS_SWEEP_M = (2, 3, 4, 5, 6, 8)
-# (block_n, block_k, warps, x_row)
+# (block_n, block_k, warps, x_row[, l2_prefetch])
 ROWS_SWEEP_TILES = [(8, 512, 4, False), (8, 1024, 4, False), (8, 1024, 8, False), (8, 2048, 4, False),
                     (8, 2048, 8, False), (4, 1024, 4, False), (4, 2048, 4, False), (4, 4096, 4, False),
                     (2, 4096, 4, False), (2, 8192, 4, False), (16, 512, 8, False), (16, 1024, 8, False)]
 
 
-def rows_sweep(sweep_tiles: list[tuple[int, int, int, bool]]) -> list[dict]:
+def rows_sweep(sweep_tiles: list[tuple], ms: tuple[int, ...] = ROWS_SWEEP_M) -> list[dict]:
     """M = 2..8: per shape, the default dispatch, the tl.dot split-K path and every tile of
     `sweep_tiles` in the GEMV kernel (one split, PDL by the shipped rule); prints per-layer sums
     for each and each tile's mean time relative to the per-shape best (to choose a default rule)."""
@@ -176,18 +182,21 @@ def rows_sweep(sweep_tiles: list[tuple[int, int, int, bool]]) -> list[dict]:
         wts = Weights(n, k, 32, 32, copies)
         m1 = gemv_time(wts, 1, None)
         sums[("M1",)] = sums.get(("M1",), 0.0) + m1
-        for m in ROWS_SWEEP_M:
+        for m in ms:
             row = {"n": n, "k": k, "m": m, "m1_ms": m1, "default_ms": gemv_time(wts, m, None),
                    "dot_ms": gemv_time(wts, m, default_config(m, n, k, 32, 32, dev))}
             tiles = {}
-            for bn_, bk_, w, x_row in sweep_tiles:
+            for bn_, bk_, w, x_row, *pf in sweep_tiles:
                 if bk_ > max(512, triton.next_power_of_2(k)):
                     continue
-                name = f"{bn_}x{bk_}w{w}{'r' if x_row else ''}"
+                name = f"{bn_}x{bk_}w{w}{'r' if x_row else ''}{f'p{pf[0]}' if pf and pf[0] else ''}"
                 try:
-                    tiles[name] = gemv_time(wts, m, GemvConfig(bn_, bk_, 1, w, 1, None, x_row), repeat=1)
+                    cfg = GemvConfig(bn_, bk_, 1, w, 1, None, x_row, pf[0] if pf else 0)
+                    tiles[name] = gemv_time(wts, m, cfg, repeat=1)
                 except Exception as e:  # noqa: BLE001 - report, keep sweeping
                     print(f"  M={m} {n}x{k} {name} failed: {type(e).__name__}: {str(e)[:80]}")
+            if not tiles:  # every tile's K step is wider than this shape's rows
+                continue
             best = min(tiles.items(), key=lambda kv: kv[1])
             row["tiles_ms"] = tiles
             row["best"] = best
@@ -202,12 +211,58 @@ def rows_sweep(sweep_tiles: list[tuple[int, int, int, bool]]) -> list[dict]:
         del wts
         torch.cuda.empty_cache()
     print(f"per layer M=1: {sums[('M1',)] * 1e3:.1f} us")
-    for m in ROWS_SWEEP_M:
+    for m in ms:
         line = (f"per layer M={m}: default {sums[('default', m)] * 1e3:.1f} us, "
                 f"tl.dot {sums[('dot', m)] * 1e3:.1f} us, "
                 f"best tile per shape {sums[('best', m)] * 1e3:.1f} us; tiles (mean time / best): ")
         tops = sorted(((sum(v) / len(v), key) for (mm, key), v in rel.items() if mm == m))[:4]
         print(line + "; ".join(f"{key} {r:.3f}" for r, key in tops))
+    return out
+
+
+def prefetch_sweep(dists: list[int], copy_bw: float) -> list[dict]:
+    """M = 1 (and the M = 2, 3 defaults): each shape's default GEMV config against the same config
+    with `GemvConfig.l2_prefetch` = d for each d in `dists` (PDL by the shipped rule, and off), then
+    the seven shapes in turn in one graph with each shape's best distance."""
+    import dataclasses
+
+    dev = torch.device("cuda")
+    out = []
+    best_cfgs = {}
+    sums: dict = {}
+    for n, k in SHAPES:
+        copies = max(2, int(3 * 60e6 // (n * k)) + 1)
+        wts = Weights(n, k, 32, 32, copies)
+        for m in (1, 2, 3):
+            base = default_gemv_config(n, k, 32, dev, m)
+            if base is None:
+                continue
+            row = {"n": n, "k": k, "m": m, "cfg": str(base), "ms": {}}
+            for d in [0, *dists]:
+                cfg = dataclasses.replace(base, l2_prefetch=d)
+                row["ms"][d] = gemv_time(wts, m, cfg)
+                if m == 1:
+                    row["ms"][f"{d} no PDL"] = gemv_time(wts, m, dataclasses.replace(cfg, pdl=False))
+            best = min((kv for kv in row["ms"].items() if isinstance(kv[0], int)), key=lambda kv: kv[1])
+            row["best"] = best
+            for key, t in row["ms"].items():
+                sums[(m, key)] = sums.get((m, key), 0.0) + t
+            sums[(m, "best")] = sums.get((m, "best"), 0.0) + best[1]
+            if m == 1:
+                best_cfgs[(n, k)] = dataclasses.replace(base, l2_prefetch=best[0])
+            out.append(row)
+            print(f"prefetch M={m} {n:>6}x{k:<5} {base}: " + " | ".join(f"d={key} {t * 1e3:.2f}" for key, t in row["ms"].items())
+                  + f" us; best d={best[0]}")
+        del wts
+        torch.cuda.empty_cache()
+    for m in (1, 2, 3):
+        print(f"per layer M={m}: " + " | ".join(f"d={key} {t * 1e3:.1f}" for (mm, key), t in sums.items() if mm == m)
+              + " us")
+    for name, cfgs in (("defaults", None), ("best distance per shape", best_cfgs)):
+        t, nbytes = layer_sequence_time("1", configs=cfgs)
+        print(f"layer sequence in one graph, {name}: {t * 1e3:.1f} us per layer = "
+              f"{100 * nbytes / t / 1e6 / copy_bw:.1f}% of copy")
+        out.append({"sequence": name, "ms": t, "pct_copy": 100 * nbytes / t / 1e6 / copy_bw})
     return out
 
 
@@ -221,8 +276,13 @@ def main() -> None:
     ap.add_argument("--rows-sweep", action="store_true",
                     help="only the M = 2..8 GEMV tile sweep against the default dispatch and the tl.dot path")
     ap.add_argument("--rows-tiles", default="",
-                    help="tiles of --rows-sweep as BLOCK_NxBLOCK_KwWARPS[r],... (r: x as one row, GemvConfig.x_row; "
+                    help="tiles of --rows-sweep as BLOCK_NxBLOCK_KwWARPS[r][pD],... (r: x as one row, GemvConfig.x_row; "
+                         "pD: L2 prefetch distance D, GemvConfig.l2_prefetch; "
                          "default: ROWS_SWEEP_TILES)")
+    ap.add_argument("--rows-m", default=",".join(map(str, ROWS_SWEEP_M)), help="M values of --rows-sweep")
+    ap.add_argument("--prefetch-sweep", action="store_true",
+                    help="only the L2 prefetch distances of the default GEMV configs (M = 1..3)")
+    ap.add_argument("--prefetch-dists", default="1,2,4,8", help="distances of --prefetch-sweep (K steps)")
     ap.add_argument("--baseline", action="store_true",
                     help="also time scripts/bench/_fp8_gemm_before.py's GEMV (the previous kernel), if present")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gemm_bench.json"))
@@ -235,10 +295,19 @@ def main() -> None:
     res["copy_GBps"] = copy_bw
     print(f"copy bandwidth: {copy_bw:.0f} GB/s (read+write)")
 
+    if args.prefetch_sweep:
+        res["prefetch_sweep"] = prefetch_sweep([int(d) for d in args.prefetch_dists.split(",")], copy_bw)
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+        return
     if args.rows_sweep:
-        tiles = [(*(int(v) for v in t.rstrip("r").replace("w", "x").split("x")), t.endswith("r"))
-                 for t in args.rows_tiles.split(",")] if args.rows_tiles else ROWS_SWEEP_TILES
-        res["rows_sweep"] = rows_sweep(tiles)
+        tiles = ROWS_SWEEP_TILES
+        if args.rows_tiles:
+            specs = [re.fullmatch(r"(\d+)x(\d+)w(\d+)(r?)(?:p(\d+))?", t) for t in args.rows_tiles.split(",")]
+            if None in specs:
+                ap.error(f"--rows-tiles: cannot read {args.rows_tiles.split(',')[specs.index(None)]!r}")
+            tiles = [(int(g[1]), int(g[2]), int(g[3]), g[4] == "r", int(g[5] or 0)) for g in specs]
+        res["rows_sweep"] = rows_sweep(tiles, tuple(int(v) for v in args.rows_m.split(",")))
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
         return

@@ -143,7 +143,7 @@ cases = [  # (name, m, n, k, bn, bk, config)
     ("gemv_ragged_k_split_32", 1, 40, 1060, 32, 32, GemvConfig(8, 256, 2, 4, 1)),
     ("gemv_vec8", 1, 24, 200, 8, 8, GemvConfig(8, 64, 1, 4, 1)),
     ("gemv_default_few_tiles_32", 1, 16, 2000, 32, 32, None),
-    # the narrow tiles of GEMV_M1_TUNED: 4 and 2 rows, one K step wider than the row (masked)
+    # narrow tiles as GEMV_TUNED has: 4 and 2 rows, one K step wider than the row (masked)
     ("gemv_bn4_one_step_32", 1, 44, 1060, 32, 32, GemvConfig(4, 2048, 1, 4, 1)),
     ("gemv_bn2_one_step_32", 1, 22, 1184, 32, 32, GemvConfig(2, 2048, 1, 4, 1)),
     # 2..8 activation rows (one accumulator per row): 2 rows, 3 with split-K, 5 with 128-wide groups,
@@ -232,36 +232,35 @@ def test_triton_interpreter(interp_results: dict, name: str) -> None:
 
 
 def test_default_gemv_dispatch() -> None:
-    """The defaults take the GEMV kernel for M = 1..3, and above only for shapes GEMV_ROWS_TUNED names
-    (where the H200 runs measured it faster than the tl.dot path), never for weight scale rows
-    narrower than 8."""
-    from kernels_triton.fp8_gemm import GEMV_M1_TUNED, GEMV_ROWS_TUNED, GemvConfig, default_gemv_config
+    """The defaults: GEMV_TUNED's entry for the V4.1-Flash shapes (None: the tl.dot path), for other
+    shapes the GEMV kernel at M = 1..3 with the general tiles, never for weight scale rows narrower
+    than 8."""
+    from kernels_triton.fp8_gemm import GEMV_TUNED, GemvConfig, default_gemv_config
 
     cpu = torch.device("cpu")
-    assert default_gemv_config(25600, 6144, 32, cpu) is not None
-    assert default_gemv_config(16384, 1280, 32, cpu) is not None
-    assert default_gemv_config(25600, 6144, 32, cpu, m=2) is not None
-    assert default_gemv_config(25600, 6144, 32, cpu, m=3) is not None
-    assert default_gemv_config(16384, 1280, 32, cpu, m=3) is None  # the one tuned tl.dot entry
-    assert default_gemv_config(25600, 6144, 32, cpu, m=4) is None
-    assert default_gemv_config(4096, 1280, 32, cpu, m=4) is not None  # a tuned small weight
-    assert default_gemv_config(4096, 1280, 32, cpu, m=5) is None
-    assert default_gemv_config(4000, 1200, 32, cpu, m=4) is None  # an untuned one
-    assert default_gemv_config(3000, 4000, 32, cpu, m=3) == GemvConfig(4, 1024, 1, 4, 1)  # untuned shape
-    assert default_gemv_config(3000, 4000, 32, cpu, m=4) is None
-    assert default_gemv_config(25600, 6144, 1, cpu) is None
-    # the H200-tuned tiles of four V4.1-Flash shapes at M = 1 (a 4-row tile needs scale rows of 4k)
-    assert default_gemv_config(2304, 5120, 32, cpu) == GemvConfig(2, 8192, 1, 4, 1, True)
-    for (n, k), (bn_, bk_, warps, pdl) in GEMV_M1_TUNED.items():
-        assert default_gemv_config(n, k, 32, cpu) == GemvConfig(bn_, bk_, 1, warps, 1, pdl)
-        assert default_gemv_config(n, k, 8, cpu).block_n == bn_  # 8 % 4 and 8 % 2 == 0
-    # ... and at M = 2..4 (tiles wider than the scale rows fall back to 8 rows)
-    for (n, k), per_m in GEMV_ROWS_TUNED.items():
-        for m, tile in per_m.items():
+    assert len(GEMV_TUNED) == 7 and all(set(per_m) >= {1, 2, 3, 4} for per_m in GEMV_TUNED.values())
+    for (n, k), per_m in GEMV_TUNED.items():
+        for m in range(1, 9):
             cfg = default_gemv_config(n, k, 32, cpu, m=m)
-            assert (cfg is None) if tile is None else cfg == GemvConfig(tile[0], tile[1], 1, tile[2], 1)
-            if tile is not None and tile[0] > 8:
-                assert default_gemv_config(n, k, 8, cpu, m=m).block_n == 8
+            tuned = per_m.get(m)
+            assert cfg == tuned, (n, k, m)  # one split: every tuned grid has >= 4 (CPU "SMs") N tiles
+            if tuned is not None:
+                assert tuned.x_row and tuned.pdl and 32 % tuned.block_n == 0
+                assert default_gemv_config(n, k, 8, cpu, m=m) == tuned  # tuned tiles fit 8-row scale blocks
+            assert default_gemv_config(n, k, 1, cpu, m=m) is None  # per-row weight scales: tl.dot
+    assert default_gemv_config(25600, 6144, 32, cpu, m=5) is None  # measured: tl.dot as fast
+    assert default_gemv_config(4096, 1280, 32, cpu, m=6) is not None
+    assert default_gemv_config(4096, 1280, 32, cpu, m=7) is None
+    # untuned shapes: M = 1 8-row tiles (x as one row with 2048-wide K steps), M = 2, 3 4 x 2048 tiles
+    assert default_gemv_config(3000, 6000, 32, cpu) == GemvConfig(8, 2048, 1, 4, 1, None, True)
+    assert default_gemv_config(3000, 4000, 32, cpu) == GemvConfig(8, 512, 1, 8, 1)
+    assert default_gemv_config(3000, 4000, 32, cpu, m=3) == GemvConfig(4, 2048, 1, 4, 1, None, True)
+    assert default_gemv_config(3000, 1000, 32, cpu, m=2) == GemvConfig(4, 1024, 1, 4, 1, None, True)  # K < 2048
+    assert default_gemv_config(3000, 4000, 32, cpu, m=4) is None
+    assert default_gemv_config(3000, 4000, 12, cpu) is None  # scale rows not a multiple of 8
+    # few N tiles: K is split so the SMs have work: min(K steps, 2 x SMs / tiles), 4 "SMs" off CUDA
+    assert default_gemv_config(8, 4096, 32, cpu).split_k == 8  # 1 tile, 8 steps of 512
+    assert default_gemv_config(16, 6144, 32, cpu).split_k == 3  # 2 tiles, 3 steps of 2048
 
 
 def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
@@ -272,8 +271,10 @@ def test_triton_interpreter_dequant_bf16_exact(interp_results: dict) -> None:
 # --------------------------------------------------------------------------- GPU: V4.1-Flash sizes
 @pytest.mark.gpu
 @pytest.mark.parametrize("n,k", V41_SHAPES)
-@pytest.mark.parametrize("m", [1, 2, 4, 5, 8, 16])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 16])
 def test_gpu_gemv_v41(m: int, n: int, k: int) -> None:
+    """The default dispatch at every V4.1-Flash dense shape and M: each GEMV_TUNED entry (M = 1..6)
+    and the tl.dot path where the table has none (M >= 7, and some M = 5, 6)."""
     a, sa, b, sb = make_inputs(m, n, k, 32, 32, seed=n + m, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     fp8_block_gemm(a, sa, b, sb, (32, 32), out=out)
@@ -306,6 +307,14 @@ def test_gpu_gemv_configs(m: int, n: int, k: int) -> None:
         for split in (1, 3):
             out.fill_(float("nan"))
             fp8_block_gemm(a, sa, b, sb, (32, 32), out=out, config=GemvConfig(bn_, bk_, split, w, 1, None, x_row))
+            assert_gemm_close(out, ref)
+    # L2 prefetch distances (a hint the interpreter cannot run, so only here): with and without PDL,
+    # with split-K, a distance past the end of a split, and a K tail (K = 1152 with 512-wide steps)
+    for bn_, bk_, w, dist in ((8, 512, 8, 1), (8, 512, 8, 4), (4, 1024, 8, 2), (2, 4096, 4, 8), (8, 2048, 4, 1)):
+        for split, pdl in ((1, True), (1, False), (3, True)):
+            out.fill_(float("nan"))
+            fp8_block_gemm(a, sa, b, sb, (32, 32), out=out,
+                           config=GemvConfig(bn_, bk_, split, w, 1, pdl, l2_prefetch=dist))
             assert_gemm_close(out, ref)
 
 

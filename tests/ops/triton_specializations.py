@@ -447,8 +447,11 @@ GPU_CONSTEXPRS: dict[str, Callable[[Json], dict[str, Any]]] = {
     "kernels_triton.flash_attn:_fa_fwd_kernel": lambda e: {"UPCAST": e["signature"].get("q_ptr") == "*fp32"},
     # fp8_gemm.py: F32_DOT=TRITON_INTERPRET == "1"
     "kernels_triton.fp8_gemm:_fp8_block_gemm_kernel": lambda e: {"F32_DOT": False},
-    # fp8_gemm.py: PDL=gemv_pdl(device), False off CUDA; True on SM90+ (griddepcontrol must compile for sm_120)
-    "kernels_triton.fp8_gemm:_fp8_gemv_kernel": lambda e: {"PDL": True},
+    # fp8_gemm.py: PDL=gemv_pdl(device), False off CUDA; True on SM90+ (griddepcontrol must compile for sm_120);
+    # L2_PREFETCH=0 under the interpreter (inline PTX), GemvConfig.l2_prefetch on a GPU (2 in GEMV_TUNED, with
+    # x as one row): compiled with 2 where x is one row, so both forms compile for sm_90 and sm_120
+    "kernels_triton.fp8_gemm:_fp8_gemv_kernel": lambda e: {
+        "PDL": True, "L2_PREFETCH": 2 if e["constexprs"].get("X_ROW") else 0},
     # fp8_gemm.py: ROUND_BY_HAND=TRITON_INTERPRET == "1"
     "kernels_triton.fp8_gemm:_dequant_bf16_kernel": lambda e: {"ROUND_BY_HAND": False},
     # indexer.py / sparse_mla.py: DOT_F32=interpreting()
