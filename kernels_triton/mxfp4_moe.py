@@ -150,10 +150,13 @@ def _dequant_tile(b_ptrs, s_ptrs, mask, s_mask, GROUPS: tl.constexpr, HALF_K: tl
     s_lo = tl.reshape(tl.broadcast_to(s_lo[:, None, :], (GROUPS, 16, BLOCK_N)), (HALF_K, BLOCK_N))
     w_lo = _e2m1_half(b).to(tl.float32) * s_hi * s_lo
     w_hi = _e2m1_half(b >> 4).to(tl.float32) * s_hi * s_lo
+    # if/else, not an early return: Triton's compiler types every return it visits after a constexpr
+    # `if` that returns, and the two branches return different dtypes.
     if EMULATE_BF16:
         return w_lo, w_hi
-    # Exact: code x 2^k has at most two significant bits.
-    return w_lo.to(tl.bfloat16), w_hi.to(tl.bfloat16)
+    else:
+        # Exact: code x 2^k has at most two significant bits.
+        return w_lo.to(tl.bfloat16), w_hi.to(tl.bfloat16)
 
 
 @triton.jit
