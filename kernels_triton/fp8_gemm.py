@@ -348,7 +348,8 @@ if _HAVE_TRITON:
     @triton.jit
     def _fp8_gemv_prefetch_l2(w_rows, n_mask, it, K, s_bk, BLOCK_K: tl.constexpr):
         """Ask L2 for one K step's weight tile without waiting for it (PTX `prefetch.global.L2`, one
-        per 128-byte line of each tile row; lines past N or K re-touch the row's first line instead)."""
+        per 128-byte line of each tile row; lines past K re-touch the row's first line instead). Every
+        tile row must lie inside the weight: `_l2_prefetch_steps` turns prefetching off otherwise."""
         LINE: tl.constexpr = 128 if BLOCK_K >= 128 else BLOCK_K
         kl = it * BLOCK_K + tl.arange(0, BLOCK_K // LINE) * LINE
         ok = n_mask[:, None] & (kl < K)[None, :]
@@ -654,9 +655,10 @@ def _tuned(block_n: int, block_k: int, warps: int, l2_prefetch: int = 0) -> Gemv
 # (PDL timed equal or faster than without for every shape and M). The comments give us per call in that run,
 # [the former default], {the tl.dot path}. M missing (and M >= 7): the tl.dot path, which costs about the
 # same at every M (~143 us per layer), while the GEMV kernel's multiply-adds on CUDA cores grow with each
-# row; a GEMV tile stays only where it beat tl.dot by >= 5%. l2_prefetch = 2 on the single-K-step tiles of 5120x4096 and
-# 2304x5120 prefetches nothing (no later K step): it was faster in every run that timed both, through
-# the code it adds before the PDL wait (RESULTS.md; the cause is not understood).
+# row; a GEMV tile stays only where it beat tl.dot by >= 5%. l2_prefetch = 2: on 1792x5120 (two K steps)
+# it prefetches the second; on the single-K-step tiles of 5120x4096 and 2304x5120 it prefetches nothing,
+# yet was faster in every run that timed both, through the code it adds before the PDL wait (RESULTS.md;
+# the cause is not understood).
 GEMV_TUNED: dict[tuple[int, int], dict[int, GemvConfig | None]] = {
     (25600, 6144): {1: _tuned(8, 2048, 4),  # 38.9 [39.8]
                     2: _tuned(4, 2048, 4), 3: _tuned(8, 1024, 2),  # 43.0 [54.6], 50.5 [72.7]
@@ -718,6 +720,15 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     return dataclasses.replace(cfg, block_k=block_k, split_k=split)
 
 
+def _l2_prefetch_steps(cfg: GemvConfig, n: int) -> int:
+    """The kernel's L2_PREFETCH for `cfg` on an N-row weight: cfg.l2_prefetch, but 0 under Triton's
+    interpreter (it cannot run the inline PTX) and when block_n does not divide N (the last tile's
+    rows past N would be prefetched from outside the weight; a hint only, so it is dropped)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or n % cfg.block_n:
+        return 0
+    return max(0, cfg.l2_prefetch)
+
+
 def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                      bn: int, bk: int, out: torch.Tensor, c: torch.Tensor | None, cfg: GemvConfig) -> torch.Tensor:
     """Launch `_fp8_gemv_kernel` for a [M, K] activation, 1 <= M <= GEMV_MAX_M (2-D operands only),
@@ -750,7 +761,7 @@ def _fp8_gemv_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_
         c.stride(1) if c is not None else 0, out.stride(0), out.stride(1),
         ROWS=m, GN=bn, GK=bk, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, VEC=vec,
         USE_SPLIT=split > 1, HAS_C=c is not None, PDL=pdl, X_ROW=cfg.x_row,
-        L2_PREFETCH=0 if os.environ.get("TRITON_INTERPRET") == "1" else cfg.l2_prefetch,
+        L2_PREFETCH=_l2_prefetch_steps(cfg, n),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **({"launch_pdl": True} if pdl else {}),
     )

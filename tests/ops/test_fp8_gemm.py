@@ -258,6 +258,16 @@ def test_default_gemv_dispatch() -> None:
     assert default_gemv_config(3000, 1000, 32, cpu, m=2) == GemvConfig(4, 1024, 1, 4, 1, None, True)  # K < 2048
     assert default_gemv_config(3000, 4000, 32, cpu, m=4) is None
     assert default_gemv_config(3000, 4000, 12, cpu) is None  # scale rows not a multiple of 8
+    # L2 prefetch: only where the tiles cover N exactly (no row past the weight), never interpreted
+    from kernels_triton.fp8_gemm import _l2_prefetch_steps
+
+    cfg = GemvConfig(8, 2048, 1, 4, 1, True, True, 2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TRITON_INTERPRET", raising=False)
+        assert _l2_prefetch_steps(cfg, 1792) == 2
+        assert _l2_prefetch_steps(cfg, 1796) == 0
+        mp.setenv("TRITON_INTERPRET", "1")
+        assert _l2_prefetch_steps(cfg, 1792) == 0
     # few N tiles: K is split so the SMs have work: min(K steps, 2 x SMs / tiles), 4 "SMs" off CUDA
     assert default_gemv_config(8, 4096, 32, cpu).split_k == 8  # 1 tile, 8 steps of 512
     assert default_gemv_config(16, 6144, 32, cpu).split_k == 3  # 2 tiles, 3 steps of 2048
