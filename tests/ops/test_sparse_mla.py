@@ -328,6 +328,45 @@ def test_gpu_decode_v41_flash_sizes(b: int, s_q: int) -> None:
 
 
 @pytest.mark.gpu
+def test_gpu_decode_in_graph_merges_after_the_splits() -> None:
+    """Batch 1 splits the keys and merges the splits in a second kernel: captured in a CUDA graph
+    together with the copy that feeds q and replayed on new queries, every replay must match the
+    float64 reference of that replay's q (the merge must see this replay's partials)."""
+    dev = "cuda"
+    main = _make_cache(64, 256, dev, poison=0.01)
+    extra = _make_cache(256, 64, dev, poison=0.01)
+    idx = _good_ids(main, (1, 1, 128), 64 * 256)
+    ex_idx = _good_ids(extra, (1, 1, 512), 256 * 64)
+    lens = torch.tensor([128], device=dev, dtype=torch.int32)
+    ex_lens = torch.tensor([512], device=dev, dtype=torch.int32)
+    sink = torch.randn(64, device=dev) + 5
+    src = torch.randn(1, 1, 64, 512, device=dev).bfloat16()
+    q = torch.empty_like(src)
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        q.copy_(src)
+        return sm.sparse_mla_decode_triton(q, kvl.paged_view(main, 256), idx, lens, sink,
+                                           kvl.paged_view(extra, 64), ex_idx, ex_lens, 512 ** -0.5)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    for _ in range(3):
+        src.copy_(torch.randn_like(src, dtype=torch.float32).bfloat16())
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse, vmax = _decode_f64(src, [(main, 256, idx, lens), (extra, 64, ex_idx, ex_lens)],
+                                             512 ** -0.5, sink)
+        _check(out, lse, ref_out, ref_lse, vmax)
+
+
+@pytest.mark.gpu
 def test_gpu_prefill_v41_flash_sizes() -> None:
     dev = "cuda"
     s_q, s_kv, topk = 512, 4096, 640
