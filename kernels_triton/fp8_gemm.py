@@ -646,7 +646,8 @@ GEMV_ROWS_DEFAULT_MAX_M = 3
 
 def _tuned(block_n: int, block_k: int, warps: int, l2_prefetch: int = 0) -> GemvConfig:
     """A GEMV_TUNED entry: one split (the split rule still applies), x as one row, PDL on."""
-    return GemvConfig(block_n, block_k, 1, warps, 1, True, True, l2_prefetch)
+    return GemvConfig(block_n, block_k, split_k=1, num_warps=warps, num_stages=1, pdl=True, x_row=True,
+                      l2_prefetch=l2_prefetch)
 
 
 # (N, K) -> {M: GemvConfig, or None for the tl.dot split-K path}: the V4.1-Flash dense shapes, from the
@@ -709,9 +710,10 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     elif m > GEMV_ROWS_DEFAULT_MAX_M:
         return None
     elif m == 1:
-        cfg = GemvConfig(8, 2048, 1, 4, 1, None, True) if k >= 4608 else GemvConfig(8, 512, 1, 8, 1)
+        cfg = (GemvConfig(8, 2048, split_k=1, num_warps=4, num_stages=1, x_row=True) if k >= 4608
+               else GemvConfig(8, 512, split_k=1, num_warps=8, num_stages=1))
     else:
-        cfg = GemvConfig(4, 2048, 1, 4, 1, None, True)
+        cfg = GemvConfig(4, 2048, split_k=1, num_warps=4, num_stages=1, x_row=True)
     block_k = min(cfg.block_k, max(64, triton.next_power_of_2(k)))
     tiles = -(-n // cfg.block_n)
     k_iters = -(-k // block_k)

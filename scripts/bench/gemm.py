@@ -19,6 +19,7 @@ WINPORT_FP8_GEMV_PDL=force|0 forces PDL on or off for every GEMV the run launche
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -224,8 +225,6 @@ def prefetch_sweep(dists: list[int], copy_bw: float) -> list[dict]:
     """M = 1 (and the M = 2, 3 defaults): each shape's default GEMV config against the same config
     with `GemvConfig.l2_prefetch` = d for each d in `dists` (PDL by the shipped rule, and off), then
     the seven shapes in turn in one graph with each shape's best distance."""
-    import dataclasses
-
     dev = torch.device("cuda")
     out = []
     best_cfgs = {}
