@@ -42,7 +42,7 @@ CPU (--speculative-algorithm).
 Vision projector GGUF; by default one found next to the model is used (--mmproj).
 
 .PARAMETER CpuThreads
-Threads for the CPU experts; default: the physical cores (--cpu-threads).
+Sets OMP_NUM_THREADS (torch's CPU threads); default: left as it is (--cpu-threads).
 
 .PARAMETER ServedModelName
 The model name clients send and see; default: the model folder's name (--served-model-name).

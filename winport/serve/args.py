@@ -41,9 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "one; a GGUF model gets one from --draft-model). CUDA only: SGLang runs DSpark on "
                          "GPUs only, so on the CPU the flag is refused")
     ap.add_argument("--mmproj", type=Path, default=None,
-                    help="vision projector GGUF (default: found next to the model); checked and converted, "
-                         "but images are not served yet (the server says why)")
-    ap.add_argument("--cpu-threads", type=int, default=None, help="threads for CPU experts (default: physical cores)")
+                    help="vision projector GGUF (default: found next to the model); converted with the model, "
+                         "so chat requests with images are served")
+    ap.add_argument("--cpu-threads", type=int, default=None,
+                    help="sets OMP_NUM_THREADS (torch's CPU threads; default: left as it is)")
     ap.add_argument("--max-running-requests", type=int, default=None,
                     help="how many requests run at once; more wait in a queue (default: SGLang's)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
