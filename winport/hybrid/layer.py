@@ -1,0 +1,54 @@
+"""One hybrid MoE layer's forward: CPU experts in kt-kernel, resident experts on the GPU side.
+
+    cpu_ids = logical ids, -1 where the GPU serves the expert;  topk_ids -> GPU slots in place
+    kt-kernel submit(x, cpu_ids)           (CUDA: enqueued on the current stream; CPU: done here)
+    gpu = gpu_experts(x, slot ids)         (unscaled; skipped when the layer has no GPU slots)
+    cpu = kt-kernel sync                   (CUDA: a host function on the stream, then an H2D copy)
+    out = bf16(scale * (fp32(cpu) + fp32(gpu)))   routed_scaling_factor once, on the sum
+
+Under SGLang's decode CUDA graphs DeepSeek-V4's shared expert runs on its alternate stream
+(DeepseekV2MoE.forward_normal_dual_stream), so it overlaps the CPU experts too; in eager prefill
+it runs after the sync on the same stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from winport.hybrid.kt_experts import KTExperts
+from winport.hybrid.slots import SlotMap
+
+# (hidden [T, H], slot ids [T, k] with -1 = not resident, router weights [T, k]) -> unscaled [T, H]
+GpuExperts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class HybridMoE:
+    """The routed experts of one layer split between kt-kernel (CPU) and a GPU-side method."""
+
+    def __init__(self, kt: KTExperts, slots: SlotMap, gpu_experts: GpuExperts | None) -> None:
+        if slots.mask is not kt.mask:
+            raise ValueError("the slot map must change kt-kernel's own mask tensor (in place)")
+        if slots.num_slots and gpu_experts is None:
+            raise ValueError(f"{slots.num_slots} GPU expert slots but no GPU-side expert method")
+        self.kt, self.slots, self.gpu_experts = kt, slots, gpu_experts
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                routed_scaling_factor: float = 1.0) -> torch.Tensor:
+        """Routed-expert output [T, H] in x's dtype; `topk_ids` is remapped to slots in place."""
+        cpu_ids = self.slots.split_(topk_ids)
+        if not self.kt.fits(x):
+            # A prefill longer than kt-kernel's buffers (never under CUDA graphs): chunked, synchronous.
+            cpu = self.kt.forward(x, cpu_ids, topk_weights)
+            gpu = self.gpu_experts(x, topk_ids, topk_weights) if self.slots.num_slots else None
+        else:
+            self.kt.submit(x, cpu_ids, topk_weights)
+            gpu = self.gpu_experts(x, topk_ids, topk_weights) if self.slots.num_slots else None
+            cpu = self.kt.sync(x)
+        acc = cpu.float()
+        if gpu is not None:
+            acc = acc + gpu.float()
+        if routed_scaling_factor != 1.0:
+            acc = acc * routed_scaling_factor
+        return acc.to(x.dtype)
