@@ -38,7 +38,7 @@ def info_main(argv: list[str] | None = None) -> int:
             print(f"# {args.file}: {len(m.paths)} file(s), GGUF v{m.files[0].version}, {len(m.metadata)} keys, {len(m)} tensors")
             for k, v in m.metadata.items():
                 print(f"{k:50s} {_short(v)}")
-            n_layers = names.n_layers_from_metadata(m.metadata, m.tensors)
+            n_layers = names.n_layers_from_metadata(m.metadata, m.tensors, m.paths[0])
             plan = names.plan_names(m.tensors, n_layers)
             types = Counter(t.type_name for t in m)
             total = sum(t.nbytes for t in m)

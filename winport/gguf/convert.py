@@ -31,15 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from kernels_triton.formats import E4M3_MAX as FP8_E4M3_MAX
+from kernels_triton.formats import FP8_BLOCK_V4, FP8_BLOCK_V41, GGML_BLOCKS, MXFP4_GROUP, GGMLType
+
 from . import mxfp4_repack
 from . import names as _names
-from .dequant import E4M3FN_VALUES, dequantize
+from .dequant import dequantize
 from .mxfp4_repack import conversion_threads, gguf_mxfp4_into_many, parallel_chunks
 from .reader import GGUFError, GGUFModel, GGUFTensor, open_gguf, shard_paths, to_torch
 
-FP8_E4M3_MAX = 448.0
-FP8_BLOCK_V4 = (128, 128)
-FP8_BLOCK_V41 = (32, 32)
+Q8_0_VALUES, Q8_0_BYTES = GGML_BLOCKS[GGMLType.Q8_0]  # 32 values: float16 d, then 32 int8
 # Rows converted per numpy/torch step: bounds temporaries to ~64 MB of float32.
 _CHUNK_BYTES = 64 << 20
 # Values per parallel work item of the FP8 / bf16 conversions. A Q8_0 -> FP8 item makes ~30 torch
@@ -85,19 +86,19 @@ def _q8_0_rows(t: GGUFTensor, r0: int, r1: int) -> tuple[Any, Any]:
     """
     torch = _torch()
     cols = t.ggml_dims[0]
-    nblk = cols // 32
+    nblk = cols // Q8_0_VALUES
     raw = to_torch(t.raw_rows()[r0:r1])  # uint8 [R, nblk * 34], read-only: never written
-    blocks = raw.view(r1 - r0, nblk, 34)
-    d = raw.view(torch.float16).view(r1 - r0, nblk, 17)[:, :, 0]
+    blocks = raw.view(r1 - r0, nblk, Q8_0_BYTES)
+    d = raw.view(torch.float16).view(r1 - r0, nblk, Q8_0_BYTES // 2)[:, :, 0]
     q = blocks.view(torch.int8)[:, :, 2:]
     return d, q
 
 
 def _q8_0_values(d: Any, q: Any) -> Any:
-    """float32 [R, nblk, 32] = d * q, exactly as ggml (and dequant._dq_q8_0) computes it."""
-    x = q.float()
-    x.mul_(d.float().unsqueeze(-1))
-    return x
+    """float32 [R, nblk, 32] = d * q: kernels_triton.formats.codecs.q8_0_values (as ggml computes it)."""
+    from kernels_triton.formats.codecs import q8_0_values
+
+    return q8_0_values(d, q)
 
 
 _F32_TINY = np.array(2.0**-126, dtype=np.float32)
@@ -182,7 +183,7 @@ def _fp8_rows_parallel(src: Any, weight: Any, scale: Any, r0: int, r1: int, tile
             if isinstance(src, tuple):
                 d, q = src[0][a - r0 : b - r0], src[1][a - r0 : b - r0]
                 if not full:
-                    d, q = d[:, c // 32 : c1 // 32], q[:, c // 32 : c1 // 32]
+                    d, q = d[:, c // Q8_0_VALUES : c1 // Q8_0_VALUES], q[:, c // Q8_0_VALUES : c1 // Q8_0_VALUES]
                 x = _q8_0_values(d, q).view(b - a, c1 - c)
             else:
                 x = (src[a - r0 : b - r0] if full else src[a - r0 : b - r0, c:c1]).clone()
@@ -252,12 +253,11 @@ def to_fp8_blocks(
 
 
 def fp8_blocks_dequant(weight: Any, scale: Any, block: tuple[int, int]) -> np.ndarray:
-    """Float64 reference: FP8 weight x block scales -> values (for tests and checks)."""
-    bn, bk = block
-    w = E4M3FN_VALUES[weight.view(_torch().uint8).numpy()].astype(np.float64)
-    s = scale.numpy().astype(np.float64)
-    s_full = np.repeat(np.repeat(s, bn, axis=0), bk, axis=1)[: w.shape[0], : w.shape[1]]
-    return w * s_full
+    """Float64 FP8 weight x block scales -> values (for tests and checks): the block-FP8
+    reference, kernels_triton.formats.codecs.dequantize_fp8_block, computed in float64."""
+    from kernels_triton.formats.codecs import dequantize_fp8_block
+
+    return dequantize_fp8_block(weight, scale, tuple(block), dtype=_torch().float64).numpy()
 
 
 def to_float(t: GGUFTensor, *, copy: bool = True) -> Any:
@@ -363,8 +363,11 @@ def plan_mmproj(model: GGUFModel) -> MmprojPlan:
 
     Every missing required tensor and inconsistent shape is named in one GGUFError with the file.
     """
+    from .bounds import check_hparams
+
     rows, hp_table = _mmproj_table()
     path = model.paths[0]
+    check_hparams(model.metadata, model.tensors, path)
     names = set(model.tensors)
     cfg = {t: (v.tolist() if hasattr(v, "tolist") else v) for k, t in hp_table.items()
            if (v := model.metadata.get(k)) is not None}
@@ -682,7 +685,7 @@ def _experts_to_mxfp4(t: GGUFTensor, r0: int, r1: int) -> tuple[Any, Any]:
     """Rows [r0, r1) of a non-MXFP4 expert tensor as DeepSeek's MXFP4 (packed E2M1 pairs uint8 [N, K/2],
     E8M0 [N, K/32]), for a draft whose model's experts are MXFP4 (SGLang loads only that then).
 
-    Quantized from the float32 values (winport.demo.quantize.quantize_mxfp4: per 32 values the scale
+    Quantized from the float32 values (kernels_triton.formats.codecs.quantize_mxfp4: per 32 values the scale
     2^(floor(log2 amax') - 2), E2M1 rounded to nearest even). The served values are exactly the MXFP4
     values for Q8_0 made from MXFP4 values, as Unsloth's draft experts are: Q8_0 shares MXFP4's
     32-value blocks and brings back each value of a block with maximum M within d/2 (d = fp16(M/127),
@@ -692,10 +695,10 @@ def _experts_to_mxfp4(t: GGUFTensor, r0: int, r1: int) -> tuple[Any, Any]:
     no MXFP4 maximum (0.5, 1, 1.5, 2, 3, 4 or 6 times 2^e) lies within 2^-6 below the next power of
     two, so the slack never picks a larger scale. Other values are rounded to MXFP4.
     """
-    from winport.demo.quantize import quantize_mxfp4
+    from kernels_triton.formats.codecs import quantize_mxfp4
 
     torch = _torch()
-    if t.shape[2] % 32:
+    if t.shape[2] % MXFP4_GROUP:
         raise GGUFError(f"{t.path}: tensor {t.name!r}: rows of {t.shape[2]} values cannot be MXFP4 (32-value blocks)")
     w = torch.from_numpy(_rows_dequant(t, r0, r1)).float()
     packed, scale = quantize_mxfp4(w, name=t.name, amax_slack=2.0**-6)
@@ -754,7 +757,7 @@ def load_gguf_model(
     main = _main_model_path(Path(path))
     model = open_gguf(main)
     try:
-        n_layers = _names.n_layers_from_metadata(model.metadata, model.tensors)
+        n_layers = _names.n_layers_from_metadata(model.metadata, model.tensors, main)
         plan = _names.plan_names(model.tensors, n_layers)
         if require:
             plan.check(main)
@@ -763,7 +766,7 @@ def load_gguf_model(
             dpath = Path(draft) if draft not in (None, True) else _find_sidecar(model.paths, _DRAFT_RE, "draft")
             if dpath is not None:
                 draft_model = open_gguf(dpath)
-                dn = _names.n_layers_from_metadata(draft_model.metadata, draft_model.tensors)
+                dn = _names.n_layers_from_metadata(draft_model.metadata, draft_model.tensors, dpath)
                 draft_plan = _names.plan_names(draft_model.tensors, dn)
         if mmproj is not False:
             mpath = Path(mmproj) if mmproj not in (None, True) else _find_sidecar(model.paths, _MMPROJ_RE, "mmproj")

@@ -6,7 +6,7 @@ The table is data: forks that spell a tensor differently get an alias line there
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -157,15 +157,18 @@ def hparams_from_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def n_layers_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str]) -> int:
-    """Layer count: ``{arch}.block_count`` or, failing that, 1 + the highest ``blk.N``."""
+def n_layers_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str] | Mapping[str, Any],
+                           where: Any = "<gguf>") -> int:
+    """Layer count: ``{arch}.block_count`` or, failing that, 1 + the highest ``blk.N``.
+
+    Every hparam is bounded first (winport.gguf.bounds): the count feeds loops over layers, and a
+    crafted file must not make them run for minutes.
+    """
+    from .bounds import check_hparams, tensor_layers
+
+    check_hparams(metadata, tensor_names, where)
     arch = metadata.get("general.architecture", "")
     n = metadata.get(f"{arch}.block_count")
     if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
         return n
-    best = -1
-    for name in tensor_names:
-        m = re.match(r"^blk\.(\d+)\.", name)
-        if m:
-            best = max(best, int(m.group(1)))
-    return best + 1
+    return tensor_layers(tensor_names)
