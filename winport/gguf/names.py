@@ -6,7 +6,7 @@ The table is data: forks that spell a tensor differently get an alias line there
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -157,7 +157,7 @@ def hparams_from_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def n_layers_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str] | Mapping[str, Any],
+def n_layers_from_metadata(metadata: dict[str, Any], tensor_names: Iterable[str] | dict[str, Any],
                            where: Any = "<gguf>") -> int:
     """Layer count: ``{arch}.block_count`` or, failing that, 1 + the highest ``blk.N``.
 
