@@ -1,0 +1,1 @@
+"""Chat prompt encodings the port carries itself (pure Python, no SGLang import)."""
