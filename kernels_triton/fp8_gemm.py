@@ -46,9 +46,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 
 import torch
+
+from kernels_triton import _env
 
 try:  # Triton is optional on the CPU path (the reference needs only torch).
     import triton
@@ -595,8 +596,8 @@ def gemv_pdl(device: torch.device, k: int, tiles: int, choice: bool | None = Non
     long rows of the small grids (5120x4096 8.7 -> 10.4, 2304x5120 7.6 -> 8.9, 1792x5120 6.6 -> 8.3),
     which GEMV_TUNED now gives other tiles. WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
     wherever supported (the benchmark's switches)."""
-    env = os.environ.get("WINPORT_FP8_GEMV_PDL", "1")
-    if env == "0" or not _pdl_supported(device):
+    env = _env.WINPORT_FP8_GEMV_PDL.get()
+    if env == "off" or not _pdl_supported(device):
         return False
     if env == "force":
         return True
@@ -616,9 +617,9 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
     weight streams at copy bandwidth. Prefill: 128 x 128 tiles; groups smaller than 64 use the
     DEQUANT mode so the tensor-core K step stays 64 wide.
     """
-    env = os.environ.get("WINPORT_FP8_GEMM_CONFIG")  # bench/tuning override: "bm,bn,bk,split,w,s,dq"
+    env = _env.WINPORT_FP8_GEMM_CONFIG.get()  # bench/tuning override: "bm,bn,bk,split,w,s,dq"
     if env:
-        f = [int(x) for x in env.split(",")]
+        f = env
         return GemmConfig(f[0], f[1], f[2], f[3], f[4], f[5], bool(f[6]))
     fp8_ok = device.type != "cuda" or _has_fp8_mma(device)
     if m <= _SMALL_M:
@@ -697,9 +698,9 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     where the N tiles alone leave SMs idle (fewer tiles than SMs; counted in SMs, so SM120 parts get
     proportionate grids).
     """
-    env = os.environ.get("WINPORT_FP8_GEMV_CONFIG")  # bench/tuning override: "bn,bk,split,warps,stages"
+    env = _env.WINPORT_FP8_GEMV_CONFIG.get()  # bench/tuning override: "bn,bk,split,warps,stages"
     if env:
-        return GemvConfig(*(int(x) for x in env.split(",")))
+        return GemvConfig(*env)
     if bn < 8 or bn % 8:
         return None
     per_m = GEMV_TUNED.get((n, k))
@@ -726,7 +727,7 @@ def _l2_prefetch_steps(cfg: GemvConfig, n: int) -> int:
     """The kernel's L2_PREFETCH for `cfg` on an N-row weight: cfg.l2_prefetch, but 0 under Triton's
     interpreter (it cannot run the inline PTX) and when block_n does not divide N (the last tile's
     rows past N would be prefetched from outside the weight; a hint only, so it is dropped)."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or n % cfg.block_n:
+    if _env.interpreting() or n % cfg.block_n:
         return 0
     return max(0, cfg.l2_prefetch)
 
@@ -809,7 +810,7 @@ def _fp8_block_gemm_triton(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tens
         *s3(a), *s3(b), *s3(a_scale), *s3(b_scale), *s3(c), *s3(out),
         GN=bn, GK=bk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         USE_SPLIT=split > 1, GROUP_M=cfg.group_m, DEQUANT=cfg.dequant, UPCAST=upcast, HAS_C=c is not None,
-        F32_DOT=os.environ.get("TRITON_INTERPRET") == "1",
+        F32_DOT=_env.interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     return out
@@ -824,7 +825,7 @@ def dequant_bf16(x: torch.Tensor, s: torch.Tensor, gr: int, gk: int) -> torch.Te
     grid = (triton.cdiv(r, 32), triton.cdiv(k, block_k))
     _dequant_bf16_kernel[grid](x, s, y, r, k, x.stride(0), x.stride(1), s.stride(0), s.stride(1), GR=gr, GK=gk,
                                BLOCK_R=32, BLOCK_K=block_k, PER_GROUP=per_group,
-                               ROUND_BY_HAND=os.environ.get("TRITON_INTERPRET") == "1", num_warps=4)
+                               ROUND_BY_HAND=_env.interpreting(), num_warps=4)
     return y
 
 
@@ -856,7 +857,7 @@ def _dequant_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_s
 def _use_triton(t: torch.Tensor) -> bool:
     if not _HAVE_TRITON:
         return False
-    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda or _env.interpreting()
 
 
 def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tensor, b_scale: torch.Tensor,
@@ -882,10 +883,10 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
     if m == 0 or n == 0:
         return out
     if (config is None and a_fp8.dim() == 2 and m >= DEQUANT_MATMUL_MIN_M and bs[1] < 64
-            and out_dtype == torch.bfloat16 and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
+            and out_dtype == torch.bfloat16 and not _env.WINPORT_FP8_GEMM_CONFIG.is_set()):
         return _dequant_matmul(a_fp8, a_scale, b_fp8, b_scale, bs[0], bs[1], out, c)
     if isinstance(config, GemvConfig) or (config is None and m <= GEMV_MAX_M and a_fp8.dim() == 2
-                                           and os.environ.get("WINPORT_FP8_GEMM_CONFIG") is None):
+                                           and not _env.WINPORT_FP8_GEMM_CONFIG.is_set()):
         gcfg = config if isinstance(config, GemvConfig) else default_gemv_config(n, b_fp8.shape[-1], bs[0],
                                                                                  a_fp8.device, m)
         if gcfg is not None:

@@ -29,9 +29,9 @@ Each function: CUDA -> Triton, otherwise the torch reference (`*_reference`, als
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from kernels_triton._dispatch import use_triton
 
 try:
     import triton
@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    return _HAVE_TRITON and (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    return _HAVE_TRITON and use_triton(t)
 
 
 # --------------------------------------------------------------------------------------------

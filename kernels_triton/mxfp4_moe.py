@@ -61,13 +61,13 @@ repack.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from kernels_triton import _env
 from kernels_triton.fp8_gemm import _round_bf16  # the same nearest-even interpreter stand-in
 from kernels_triton.moe_align import moe_align_block_size_ref
 from kernels_triton.moe_sum import moe_sum_triton
@@ -281,7 +281,7 @@ def _mxfp4_moe_down_kernel(
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return _env.interpreting()
 
 
 def _scale_view(scale: torch.Tensor, name: str) -> tuple[torch.Tensor, bool]:

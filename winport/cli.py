@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "demo-model": ("winport.demo.command", "main", "write the tiny DeepSeek-V4 demo checkpoint"),
     "gguf": ("winport.gguf.cli", "main", "GGUF files: info FILE | dump FILE TENSOR --npy OUT | export CHECKPOINT OUT.gguf"),
     "lock": ("winport.install.lock", "main", "write requirements/windows.in and resolve windows.lock with uv"),
+    "envs": ("winport.envs", "main", "the environment variables winport reads or sets (--markdown: the README's table)"),
 }
 
 

@@ -24,13 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from winport import envs
 from winport.gguf.reader import GGUFError
 
 if TYPE_CHECKING:
     import numpy as np
 
 SIDECAR = "engram_gguf.json"
-ENV = "WINPORT_ENGRAM_GGUF"  # path of a converted checkpoint's engram_gguf.json, for SGLang's processes
+ENV = envs.WINPORT_ENGRAM_GGUF.name  # path of a converted checkpoint's engram_gguf.json, for SGLang's processes
 SCALE_GROUP = 32  # values per E8M0 scale in SGLang's EngramEmbedding
 
 

@@ -132,5 +132,10 @@ def tokenizer_cache_dir(meta: dict[str, Any], base: str | os.PathLike[str] | Non
         h.update(key.encode())
         v = meta[key]
         h.update(repr(v.tolist() if hasattr(v, "tolist") else v).encode("utf-8", "surrogateescape"))
-    root = Path(base) if base else Path(os.environ.get("WINPORT_CACHE", Path.home() / ".cache" / "winport"))
+    if base:
+        root = Path(base)
+    else:
+        from winport.paths import cache_dir  # the one rule for the cache's root (WINPORT_CACHE, else per OS)
+
+        root = cache_dir()
     return root / "gguf-tokenizers" / h.hexdigest()[:16]

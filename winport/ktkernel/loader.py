@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from winport import importhooks
+from winport import envs, importhooks
 from winport.ktkernel.variant import VARIANT_NAMES, detect_variant
 
 TARGET = "kt_kernel._cpu_detect"
@@ -25,7 +25,7 @@ _FALLBACK = dict(zip(VARIANT_NAMES, [*VARIANT_NAMES[1:], None], strict=True))
 
 
 def _debug(msg: str) -> None:
-    if os.environ.get("KT_KERNEL_DEBUG") == "1":
+    if envs.KT_KERNEL_DEBUG.get():
         print(f"[winport.ktkernel] {msg}")
 
 
@@ -98,7 +98,7 @@ def install(force: bool = False) -> bool:
     """Register the hook (idempotent). Active on Windows, under WINPORT_EMULATE_WINDOWS=1, or with
     `force`; returns whether it is installed. If kt_kernel._cpu_detect was already imported, it is
     patched in place (kt_kernel itself has then already chosen its variant)."""
-    if not (force or sys.platform == "win32" or os.environ.get("WINPORT_EMULATE_WINDOWS") == "1"):
+    if not (force or sys.platform == "win32" or envs.WINPORT_EMULATE_WINDOWS.get()):
         return False
     importhooks.on_import(TARGET, _patch_once)
     return True

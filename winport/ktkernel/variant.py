@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from winport import envs
 
 # Best first; the feature names are winport.cpu_features attributes. The requirements are
 # kt-kernel 0.7.2's (python/_cpu_detect.py), plus `amx_os_enabled`: on Linux /proc/cpuinfo already
@@ -35,7 +36,7 @@ def choose_variant(features: Any) -> str:
 def detect_variant() -> str:
     """The variant for this machine: `KT_KERNEL_CPU_VARIANT` when it names one (kt-kernel's own
     override), else the cpuid-based choice."""
-    override = os.environ.get("KT_KERNEL_CPU_VARIANT", "").lower()
+    override = (envs.KT_KERNEL_CPU_VARIANT.get() or "").lower()
     if override in VARIANT_NAMES:
         return override
     from winport.cpu_features import cpu_features  # lazy: reads cpuid through ctypes

@@ -16,6 +16,7 @@ import logging
 import os
 from typing import Any
 
+from winport import envs
 from winport.patches._base import register, require_source
 
 TARGET = "sglang.srt.distributed.bootstrap._init_cpu_threads_env"
@@ -59,7 +60,9 @@ def bind_current_process(cpus: list[int]) -> int:
                 os.sched_setaffinity(int(tid), cpus)
             except (ProcessLookupError, PermissionError):  # a thread that just ended
                 pass
-    threads = int(os.environ.get("OMP_NUM_THREADS") or len(cpus))
+    threads = envs.OMP_NUM_THREADS.get()
+    if threads is None:
+        threads = len(cpus)
     torch.set_num_threads(threads)
     return threads
 
@@ -67,7 +70,7 @@ def bind_current_process(cpus: list[int]) -> int:
 def _init(original: Any, *args: Any, local_omp_cpuid: Any = None, **kwargs: Any) -> Any:
     from sglang.srt.distributed import bootstrap
 
-    if bootstrap._is_cpu_amx_available or bootstrap._is_cpu_arm64 or not os.environ.get("SGLANG_CPU_OMP_THREADS_BIND"):
+    if bootstrap._is_cpu_amx_available or bootstrap._is_cpu_arm64 or not envs.SGLANG_CPU_OMP_THREADS_BIND.is_set():
         return original(*args, local_omp_cpuid=local_omp_cpuid, **kwargs)
     cpus = parse_cpus(local_omp_cpuid)
     threads = bind_current_process(cpus)

@@ -13,16 +13,22 @@ which `winport serve` passes then, so SGLang's DeepSeek-V4 override does not pic
   `StandardCombineInput` instead of going through the Triton MoE runner.
 Without the variable, or off CUDA, both hooks call SGLang's own code unchanged. The kernel has not
 run on a GPU under SGLang yet (only its own tests, on the interpreter); that is why it is opt-in.
+
+Why this patch calls kernels_triton directly and not through a shim: shims stand in for upstream
+modules SGLang imports (sgl_kernel, deep_gemm, ...) under their signatures, and no upstream kernel
+has this one's signature: the flashinfer / Marlin / DeepGEMM MXFP4 paths take other layouts and
+are chosen inside `apply`. The hook in `apply` is the adapter (SGLang's dispatch output and
+runner config in, StandardCombineInput out), so it lives here, in the patch.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from winport import envs
 from winport.patches._base import register, require_source
 
-ENV = "WINPORT_GPU_MXFP4_MOE"
+ENV = envs.WINPORT_GPU_MXFP4_MOE.name
 PROCESS = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.process_weights_after_loading_block_quant"
 APPLY = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply"
 CREATE = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.create_fp8_moe_weight_"
@@ -31,7 +37,7 @@ FLAG = "_winport_cuda_mxfp4"  # set on a layer whose experts this patch serves
 
 def enabled() -> bool:
     """Whether the user opted in (WINPORT_GPU_MXFP4_MOE=1)."""
-    return os.environ.get(ENV, "0") == "1"
+    return bool(envs.WINPORT_GPU_MXFP4_MOE.get())
 
 
 def _on_cuda() -> bool:

@@ -33,11 +33,10 @@ def _sources(path: str) -> dict[int, Any]:
 def _make_init(original: Any) -> Any:
     @functools.wraps(original)
     def __init__(self: Any, num_embeddings: int, dim: int, layer_id: int, column_bounds: tuple[int, ...]) -> None:
-        import os
+        from winport import envs
+        from winport.gguf.engram_rows import EngramRows
 
-        from winport.gguf.engram_rows import ENV, EngramRows
-
-        path = os.environ.get(ENV)
+        path = envs.WINPORT_ENGRAM_GGUF.get()
         source = _sources(path).get(layer_id) if path else None
         if source is None:
             original(self, num_embeddings, dim, layer_id, column_bounds)

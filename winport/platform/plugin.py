@@ -8,10 +8,9 @@ Linux SGLang changes nothing unless asked. Imports stay lazy: SGLang loads entry
 
 from __future__ import annotations
 
-import os
 import sys
 
-from winport import winemu
+from winport import envs, winemu
 
 CPU_PLATFORM = "winport.platform.platforms.WinportCpuPlatform"
 CUDA_PLATFORM = "winport.platform.platforms.WinportCudaPlatform"
@@ -19,11 +18,9 @@ CUDA_PLATFORM = "winport.platform.platforms.WinportCudaPlatform"
 
 def wanted() -> bool:
     """Whether the winport platform should take over in this process."""
-    mode = os.environ.get("WINPORT_PLATFORM", "auto").strip().lower()
-    if mode in {"on", "1", "true"}:
-        return True
-    if mode in {"off", "0", "false"}:
-        return False
+    mode = envs.WINPORT_PLATFORM.get()
+    if mode != "auto":
+        return mode == "on"
     return sys.platform == "win32" or winemu.enabled()
 
 
@@ -33,7 +30,7 @@ def activate_platform() -> str | None:
         return None
     import torch
 
-    if torch.cuda.is_available() and os.environ.get("SGLANG_USE_CPU_ENGINE", "0") != "1":
+    if torch.cuda.is_available() and not envs.SGLANG_USE_CPU_ENGINE.get():
         return CUDA_PLATFORM
     return CPU_PLATFORM
 

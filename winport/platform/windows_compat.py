@@ -12,28 +12,28 @@ Standard library only: runs at interpreter start.
 
 from __future__ import annotations
 
-import os
 import sys
 import types
+from collections.abc import MutableMapping
+
+from winport import envs
 
 MMAP_CONSTANTS = {"PROT_READ": 1, "PROT_WRITE": 2, "PROT_EXEC": 4, "MAP_SHARED": 1, "MAP_PRIVATE": 2}
-ZMQ_MAX_SOCKETS_ENV = "SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS"
+ZMQ_MAX_SOCKETS_ENV = envs.SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS.name
 WINDOWS_ZMQ_MAX_SOCKETS = "8192"
 
 
-def apply(mmap_module: types.ModuleType | None = None, environ: dict[str, str] | None = None) -> list[str]:
+def apply(mmap_module: types.ModuleType | None = None, environ: MutableMapping[str, str] | None = None) -> list[str]:
     """Apply the fixes (to the given module/environment, for tests); return what was changed."""
     import mmap as real_mmap
 
     target = real_mmap if mmap_module is None else mmap_module
-    env = os.environ if environ is None else environ
     changed = []
     for name, value in MMAP_CONSTANTS.items():
         if not hasattr(target, name):
             setattr(target, name, value)
             changed.append(f"mmap.{name}")
-    if ZMQ_MAX_SOCKETS_ENV not in env:
-        env[ZMQ_MAX_SOCKETS_ENV] = WINDOWS_ZMQ_MAX_SOCKETS
+    if envs.set_default(envs.SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS, WINDOWS_ZMQ_MAX_SOCKETS, environ):
         changed.append(ZMQ_MAX_SOCKETS_ENV)
     return changed
 

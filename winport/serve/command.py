@@ -21,10 +21,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from winport import envs
 from winport.serve.args import build_parser
 from winport.serve.memory import VramError, VramPlan, plan_vram
 
-READY_TIMEOUT_S = float(os.environ.get("WINPORT_READY_TIMEOUT", "1800"))
+READY_TIMEOUT_S: float = envs.WINPORT_READY_TIMEOUT.get()
 
 
 class ServeError(RuntimeError):
@@ -68,49 +69,46 @@ def resolve_device(requested: str) -> str:
 
 def gpu_mxfp4_moe() -> bool:
     """Whether the user opted into winport's MXFP4 MoE kernel on CUDA (WINPORT_GPU_MXFP4_MOE=1)."""
-    return os.environ.get("WINPORT_GPU_MXFP4_MOE", "0") == "1"
+    return bool(envs.WINPORT_GPU_MXFP4_MOE.get())
 
 
 def sglang_switches(device: str) -> dict[str, str]:
     """SGLang's own environment switches that keep it off CUDA JIT kernels (no patch needed)."""
-    env = {
-        # A CUDA JIT kernel no winport shim replaces fails at once, by name, instead of trying nvcc
-        # (absent on Windows, useless on CPU).
-        "SGLANG_CRASH_ON_JIT_COMPILE": "1",
-        # Hash-routed MoE layers: SGLang's torch routing instead of the fused JIT kernel.
-        "SGLANG_OPT_USE_FUSED_HASH_TOPK": "0",
-        # DeepGEMM's JIT is Linux-only; winport's deep_gemm shim serves the names SGLang calls.
-        "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-        # With flashinfer "available" SGLang imports ~40 flashinfer submodules on CUDA (trtllm MoE,
-        # fp4 quantization, comm fusion) that have no Windows build and no winport shim; told it is
-        # absent, SGLang takes its torch/Triton/sgl_kernel routes, which winport's shims serve.
-        "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
-        # SGLang asserts the sglang-kernel *distribution* version; winport's sgl_kernel is a shim
-        # module with no distribution metadata.
-        "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
-    }
+    env: dict[str, str] = {}
+    # A CUDA JIT kernel no winport shim replaces fails at once, by name, instead of trying nvcc
+    # (absent on Windows, useless on CPU).
+    envs.set_for_child(env, envs.SGLANG_CRASH_ON_JIT_COMPILE, "1")
+    # Hash-routed MoE layers: SGLang's torch routing instead of the fused JIT kernel.
+    envs.set_for_child(env, envs.SGLANG_OPT_USE_FUSED_HASH_TOPK, "0")
+    # DeepGEMM's JIT is Linux-only; winport's deep_gemm shim serves the names SGLang calls.
+    envs.set_for_child(env, envs.SGLANG_ENABLE_JIT_DEEPGEMM, "0")
+    # With flashinfer "available" SGLang imports ~40 flashinfer submodules on CUDA (trtllm MoE,
+    # fp4 quantization, comm fusion) that have no Windows build and no winport shim; told it is
+    # absent, SGLang takes its torch/Triton/sgl_kernel routes, which winport's shims serve.
+    envs.set_for_child(env, envs.SGLANG_IS_FLASHINFER_AVAILABLE, "false")
+    # SGLang asserts the sglang-kernel *distribution* version; winport's sgl_kernel is a shim
+    # module with no distribution metadata.
+    envs.set_for_child(env, envs.SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK, "1")
     if device != "cpu" and gpu_mxfp4_moe():
         # Opt-in: the experts stay packed MXFP4 and run in winport's Triton W4A16 kernel
         # (winport.patches.cuda_mxfp4_moe); SGLANG_DSV4_FP4_DEQUANT must stay unset for that.
-        env["WINPORT_GPU_MXFP4_MOE"] = "1"
+        envs.set_for_child(env, envs.WINPORT_GPU_MXFP4_MOE, "1")
     elif device != "cpu":
         # MXFP4 routed experts: SGLang's CUDA choice is flashinfer's MXFP4 MoE, which has no Windows
         # build. Dequantized to FP8 blocks at load they run in SGLang's Triton fused MoE (its
         # activation quantization through winport.patches.cuda_jit_quant). WINPORT_GPU_MXFP4_MOE=1
         # keeps them 4-bit instead (winport's own kernel, not yet the default).
-        env["SGLANG_DSV4_FP4_DEQUANT"] = "1"
+        envs.set_for_child(env, envs.SGLANG_DSV4_FP4_DEQUANT, "1")
     if device == "cpu":
-        env.update({
-            "SGLANG_USE_CPU_ENGINE": "1",
-            # SGLang's own torch implementation of the indexer's paged MQA logits.
-            "SGLANG_FP8_PAGED_MQA_LOGITS_TORCH": "1",
-            # The DSV4 metadata kernels are Triton; on CPU they run in Triton's interpreter.
-            "TRITON_INTERPRET": "1",
-            # DeepSeek-V4's FP8 wo_a: dequantized to bf16 at load (SGLang's own path for block sizes
-            # its fp8 einsum does not take) instead of the W8A8 DeepGEMM-style einsum; the CPU runs
-            # every FP8 linear as W8A16 (winport.patches.cpu_fp8_block_linear).
-            "SGLANG_OPT_FP8_WO_A_GEMM": "0",
-        })
+        envs.set_for_child(env, envs.SGLANG_USE_CPU_ENGINE, "1")
+        # SGLang's own torch implementation of the indexer's paged MQA logits.
+        envs.set_for_child(env, envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH, "1")
+        # The DSV4 metadata kernels are Triton; on CPU they run in Triton's interpreter.
+        envs.set_for_child(env, envs.TRITON_INTERPRET, "1")
+        # DeepSeek-V4's FP8 wo_a: dequantized to bf16 at load (SGLang's own path for block sizes
+        # its fp8 einsum does not take) instead of the W8A8 DeepGEMM-style einsum; the CPU runs
+        # every FP8 linear as W8A16 (winport.patches.cpu_fp8_block_linear).
+        envs.set_for_child(env, envs.SGLANG_OPT_FP8_WO_A_GEMM, "0")
     return env
 
 
@@ -184,15 +182,17 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     device = resolve_device(args.device)
     # PYTHONUTF8: SGLang opens tokenizer_config.json and other JSON files without encoding=, which
     # on Windows means the ANSI code page (cp1252) and fails on DeepSeek's non-ASCII special tokens.
-    env: dict[str, str] = {"WINPORT_PLATFORM": "on", "PYTHONUTF8": "1", **sglang_switches(device)}
-    from winport.gguf.engram_rows import ENV as ENGRAM_ENV
+    env: dict[str, str] = {}
+    envs.set_for_child(env, envs.WINPORT_PLATFORM, "on")
+    envs.set_for_child(env, envs.PYTHONUTF8, "1")
+    env.update(sglang_switches(device))
     from winport.gguf.engram_rows import SIDECAR as ENGRAM_SIDECAR
 
     engram_mapped = (Path(model_path) / ENGRAM_SIDECAR).is_file()
     if engram_mapped:
         # V4.1 engram tables left in the GGUF: SGLang's processes read them through a memory map
         # (winport.gguf.engram_rows, patch engram_rows_from_gguf).
-        env[ENGRAM_ENV] = str(Path(model_path) / ENGRAM_SIDECAR)
+        envs.set_for_child(env, envs.WINPORT_ENGRAM_GGUF, str(Path(model_path) / ENGRAM_SIDECAR))
     # SGLang names the model after its path unless told otherwise and refuses a name with ':'
     # (its LoRA "model:adapter" syntax), i.e. every absolute Windows path.
     served_name = args.served_model_name or (f"winport-demo-{args.demo_variant}" if args.demo else model_path.stem)
@@ -221,7 +221,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         # tests/ops/test_dsv4_graph_safe.py; on the H200 the live server tests pass with graphs, see
         # scripts/bench/RESULTS.md). WINPORT_CUDA_GRAPH=0 runs decode eagerly instead (a debugging
         # aid: slower, same results).
-        if os.environ.get("WINPORT_CUDA_GRAPH") == "0":
+        if not envs.WINPORT_CUDA_GRAPH.get():
             sg += ["--disable-cuda-graph"]
         elif engram_mapped:
             # The mapped engram rows are gathered on the host and copied to the GPU per lookup, which a
@@ -250,18 +250,19 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     if args.tp < 1:
         raise ServeError(f"--tp {args.tp}: the tensor-parallel size must be at least 1")
     if device == "cpu" and args.tp > 1:
-        env["SGLANG_CPU_OMP_THREADS_BIND"] = os.environ.get("SGLANG_CPU_OMP_THREADS_BIND") or cpu_thread_bind(args.tp)
+        envs.set_for_child(env, envs.SGLANG_CPU_OMP_THREADS_BIND,
+                           envs.SGLANG_CPU_OMP_THREADS_BIND.raw() or cpu_thread_bind(args.tp))
         # numpy's OpenBLAS starts its worker threads at import, before a rank is bound to its CPUs
         # (winport.patches.cpu_tp_thread_binding); sized to one rank's share they do not overlap.
-        env["OPENBLAS_NUM_THREADS"] = os.environ.get("OPENBLAS_NUM_THREADS") or str(
-            max(1, (os.cpu_count() or 1) // args.tp))
+        envs.set_for_child(env, envs.OPENBLAS_NUM_THREADS, envs.OPENBLAS_NUM_THREADS.raw() or str(
+            max(1, (os.cpu_count() or 1) // args.tp)))
     if args.tp > 1:
         # winport's platforms do collectives with gloo. SGLang's custom all-reduce needs CUDA IPC
         # buffers and NCCL (neither exists on Windows; on CPU its set-up only fails with a
         # warning), so it is switched off rather than attempted.
         sg += ["--disable-custom-all-reduce"]
     if args.cpu_threads:
-        env["OMP_NUM_THREADS"] = str(args.cpu_threads)
+        envs.set_for_child(env, envs.OMP_NUM_THREADS, str(args.cpu_threads))
     # Last, so that a flag given after `--` wins over winport's choice of the same flag (argparse
     # keeps the last occurrence).
     sg += sglang_extra
@@ -397,7 +398,7 @@ def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
 
 def run(plan: LaunchPlan) -> int:
     """Start the server, report progress and readiness, and stop the process tree on exit."""
-    env = {**os.environ, **plan.env}
+    env = envs.child_environ(plan.env)
     print(f"winport serve: model {plan.model_path} on {plan.device}", flush=True)
     if plan.vram:
         print(f"winport serve: {plan.vram.describe()}", flush=True)
