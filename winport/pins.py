@@ -80,5 +80,10 @@ DEV_DEPS: tuple[str, ...] = (
     "tree-sitter-pwsh",
 )
 
+# Test tools with Linux wheels only: deepseek-recipe is the reference the pure-Python DeepSeek-V4
+# chat encoding (winport/chat/dsv4_encoding.py) is checked against; it has no Windows wheel.
+DEEPSEEK_RECIPE = "0.2.0"
+LINUX_DEV_DEPS: tuple[str, ...] = (f"deepseek-recipe=={DEEPSEEK_RECIPE}",)
+
 # Python modules SGLang imports that exist on Linux only (no win_amd64 wheel).
 LINUX_ONLY_DEPS: tuple[str, ...] = ("uvloop",)

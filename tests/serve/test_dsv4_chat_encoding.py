@@ -195,3 +195,105 @@ def test_client_text_never_becomes_a_control_token(tokenizer: Any) -> None:
     ids = enc.encode(enc.render(body, "dsv4"), tokenizer)
     assistant = tokenizer.token_to_id(enc.ASSISTANT)
     assert ids.count(assistant) == 1 and ids[-2] == assistant  # only the generation prompt's
+
+
+# --- the patch: SGLang's DeepSeek adapter with winport's encoding where deepseek-recipe is missing ---
+
+
+@pytest.fixture()
+def hide_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `import deepseek_recipe` fail, as on Windows."""
+    monkeypatch.setitem(sys.modules, "deepseek_recipe", None)
+    from sglang.srt.parser import deepseek_recipe_renderer
+
+    deepseek_recipe_renderer.load_deepseek_recipe.cache_clear()
+    yield
+    deepseek_recipe_renderer.load_deepseek_recipe.cache_clear()
+
+
+def _hf_tokenizer(tok: Any) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=enc.BOS, eos_token=enc.EOS)
+
+
+def _ctx(spec: str, tokenizer: Any, **kw: Any) -> Any:
+    from sglang.srt.entrypoints.openai.chat_encoding_adapters import (
+        ChatEncodingAdapterContext,
+        ChatOutputHooks,
+    )
+
+    hooks = ChatOutputHooks(thinking_requested=lambda r: True, tool_call_parsing_active=lambda r: True,
+                            history_tool_calls_count=lambda r: 0, tool_call_id=lambda item, n: f"call_{n}")
+    return ChatEncodingAdapterContext(chat_encoding_spec=spec, tokenizer=tokenizer, reasoning_parser=None,
+                                      tool_call_parser=None, chat_hooks=hooks, hf_config=None, model_path="m",
+                                      revision=None, **kw)
+
+
+def test_patch_checks_upstream() -> None:
+    from winport.patches import chat_template_without_recipe as chat
+
+    chat.register_patch()  # raises UpstreamChangedError when SGLang changed under the hooks
+
+
+def test_spec_is_kept_without_recipe_or_template(hide_recipe: None) -> None:
+    import types
+
+    from winport.patches import chat_template_without_recipe as chat
+
+    assert not chat.recipe_available()
+    with_template = types.SimpleNamespace(chat_template="{{ x }}")
+    without = types.SimpleNamespace(chat_template=None)
+    assert chat._resolve(lambda **kw: "dsv4", tokenizer=with_template) is None
+    assert chat._resolve(lambda **kw: "dsv41", tokenizer=without) == "dsv41"  # no refusal to start
+    assert chat._resolve(lambda **kw: "dsv32", tokenizer=without) == "dsv32"
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_adapter_without_recipe_encodes_like_sglang_with_it(spec: str, tokenizer: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.entrypoints.openai import chat_encoding_adapters as adapters
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_deepseek_recipe import DeepSeekRecipeChatEncodingAdapter
+
+    from winport.patches import chat_template_without_recipe as chat
+
+    hf = _hf_tokenizer(tokenizer)
+    request = ChatCompletionRequest(model="m", messages=[
+        {"role": "system", "content": "Be brief. 北"}, {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "reasoning_content": "look up",
+         "tool_calls": [{"id": "c1", "type": "function",
+                         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "content": "Sunny."}], tools=WEATHER)
+    tools = [t.model_dump() for t in request.tools]
+    expected = DeepSeekRecipeChatEncodingAdapter(
+        chat_encoding_spec=spec, tokenizer=hf, reasoning_parser=None, tool_call_parser=None,
+        chat_hooks=_ctx(spec, hf).chat_hooks, default_chat_template_kwargs=None,
+    ).encode_messages(messages=[], request=request, tools=tools, thinking=True, image_data=[])
+
+    monkeypatch.setattr(chat, "recipe_available", lambda: False)
+    adapter = chat._build(adapters.build_chat_encoding_adapter, _ctx(spec, hf))
+    assert type(adapter).__name__ == "WinportDeepSeekAdapter"
+    assert adapter.output is None  # output goes to SGLang's text parsers
+    got = adapter.encode_messages(messages=[], request=request, tools=tools, thinking=True, image_data=[])
+    assert got == expected
+    assert chat._build(adapters.build_chat_encoding_adapter, _ctx(spec, None)) is None
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_adapter_builds_with_recipe_hidden(spec: str, tokenizer: Any, hide_recipe: None) -> None:
+    from sglang.srt.entrypoints.openai import chat_encoding_adapters as adapters
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    from winport.patches import chat_template_without_recipe as chat
+
+    hf = _hf_tokenizer(tokenizer)
+    with pytest.raises(ImportError, match="deepseek-recipe"):
+        adapters.build_chat_encoding_adapter(_ctx(spec, hf))  # upstream alone cannot start
+    adapter = chat._build(adapters.build_chat_encoding_adapter, _ctx(spec, hf))
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "Hi"}], reasoning_effort="max")
+    ids = adapter.encode_messages(messages=[], request=request, tools=None, thinking=True, image_data=[])
+    prompt = enc.render({"messages": [U("Hi")], "thinking": True, "reasoning_effort": "max"}, spec)
+    assert ids == enc.encode(prompt, tokenizer)
+    assert adapter.separate_reasoning_text("<think>abc</think>def") == ("abc", "def")

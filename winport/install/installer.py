@@ -170,6 +170,8 @@ class Installer:
         self.pip("install", "-q", "--no-deps", "--no-build-isolation", "-e", str(REPO_ROOT))
         if self.dev:
             self.pip("install", "-q", *pins.DEV_DEPS)
+            if not self.is_windows:
+                self.pip("install", "-q", *pins.LINUX_DEV_DEPS)
 
     def install_pth(self) -> None:
         """Step 8."""
