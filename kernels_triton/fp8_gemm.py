@@ -390,8 +390,9 @@ if _HAVE_TRITON:
         """Decode GEMV without tensor cores for ROWS = M (1..8) activation rows:
         out[m, n] = sum_k w[n, k] * x[m, k] * sa[m, k/GK] * sb[n/GN, k/GK].
 
-        Why it looks like this (H200 analysis, RESULTS.md "GEMV rework" 2026-11-29, the eleventh
-        session for the rows, the twelfth for x as one row):
+        Why it looks like this (H200 analysis in scripts/bench/RESULTS.md: "GEMV rework", 2026-11-29,
+        ca8075b; the rows in "FP8 GEMV for 2..8 rows", 2026-12-01, 0b9624e; x as one row in "FP8 GEMV
+        with x as one row", 2026-12-01, 541167f):
         - No tl.dot: at M = 1 an MMA wastes 15/16 of its rows and routes the weight through a
           dot-operand layout; a multiply-add streams the fp8 tile from 16-byte vector loads.
         - In-thread partial sums: the product tile is viewed as [BLOCK_N, BLOCK_K / VEC, VEC] and
@@ -591,7 +592,8 @@ def gemv_pdl(device: torch.device, k: int, tiles: int, choice: bool | None = Non
 
     Where supported (`_pdl_supported`): `choice` when the config says (GemvConfig.pdl), else for
     short rows (K <= 2048) or grids of >= 8 CTAs per SM. With the 8-row default tiles the H200 run
-    of 2026-11-30 (scripts/bench/RESULTS.md, ninth session) timed PDL faster there (25600x6144
+    of 2026-11-30 (scripts/bench/RESULTS.md "Every GPU op test, ... programmatic dependent launch",
+    97307d4) timed PDL faster there (25600x6144
     42.5 -> 40.3 us, 16384x1280 9.2 -> 8.3, 4096x1280 4.1 -> 3.2, 5120x1152 equal) and slower on the
     long rows of the small grids (5120x4096 8.7 -> 10.4, 2304x5120 7.6 -> 8.9, 1792x5120 6.6 -> 8.3),
     which GEMV_TUNED now gives other tiles. WINPORT_FP8_GEMV_PDL=0 turns it off, =force on
@@ -635,7 +637,8 @@ def default_config(m: int, n: int, k: int, bn: int, bk: int, device: torch.devic
         return GemmConfig(16, block_n, block_k, split, 4, 4, dequant, 1)
     block_m = 64 if m <= 64 else 128
     if bk >= 64 and fp8_ok:
-        # H200 sweep (scripts/bench/RESULTS.md): 64 x 128 tiles, 4 warps, 4 stages won on all 7 shapes.
+        # H200 sweep (scripts/bench/RESULTS.md "FP8 block-scaled GEMV / GEMM", 2026-11-29, 07a46e6):
+        # 64 x 128 tiles, 4 warps, 4 stages won on all 7 shapes.
         return GemmConfig(64, 128, bk, 1, 4, 4, False)
     return GemmConfig(block_m, 128, max(64, bk), 1, 8 if block_m == 128 else 4, 3, True)
 
@@ -652,9 +655,9 @@ def _tuned(block_n: int, block_k: int, warps: int, l2_prefetch: int = 0) -> Gemv
 
 
 # (N, K) -> {M: GemvConfig, or None for the tl.dot split-K path}: the V4.1-Flash dense shapes, from the
-# H200 sweeps of 2026-12-01, twelfth session (scripts/bench/gemm.py --rows-sweep --rows-m ... --rows-tiles
-# ...; RESULTS.md "x as one row"). Each entry is that sweep's best tile with x loaded as one row and PDL on
-# (PDL timed equal or faster than without for every shape and M). The comments give us per call in that run,
+# H200 sweeps of 2026-12-01 (scripts/bench/gemm.py --rows-sweep --rows-m ... --rows-tiles ...; RESULTS.md
+# "FP8 GEMV with x as one row", 2026-12-01, H200, 541167f). Each entry is that sweep's best tile with x loaded as one row and PDL on
+# (PDL timed equal or faster than without for every shape and M). The comments give us per call in those runs,
 # [the former default], {the tl.dot path}. M missing (and M >= 7): the tl.dot path, which costs about the
 # same at every M (~143 us per layer), while the GEMV kernel's multiply-adds on CUDA cores grow with each
 # row; a GEMV tile stays only where it beat tl.dot by >= 5%. l2_prefetch = 2: on 1792x5120 (two K steps)
@@ -690,7 +693,8 @@ def default_gemv_config(n: int, k: int, bn: int, device: torch.device, m: int = 
     (scale rows narrower than 8, or more rows than the GEMV kernel wins at).
 
     The V4.1-Flash dense shapes: GEMV_TUNED (M = 1..6; missing M -> tl.dot). Other shapes, from the H200
-    sweeps (RESULTS.md "GEMV rework", 2026-11-29, and "x as one row", 2026-12-01): M = 1 8-row N tiles,
+    sweeps (RESULTS.md "GEMV rework", 2026-11-29, ca8075b, and "FP8 GEMV with x as one row", 2026-12-01,
+    541167f): M = 1 8-row N tiles,
     K >= 4608 -> 2048-wide K steps, 4 warps, x as one row; else 512-wide steps with 8 warps (warps
     along N, where x as one row needs a layout change); M = 2 and 3 4 x 2048 tiles, 4 warps, x as one
     row (the best mean over the seven shapes at M = 2 and 3); more rows -> tl.dot. PDL by `gemv_pdl`'s
