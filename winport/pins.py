@@ -84,6 +84,11 @@ DEV_DEPS: tuple[str, ...] = (
 # chat encoding (winport/chat/dsv4_encoding.py) is checked against; it has no Windows wheel.
 DEEPSEEK_RECIPE = "0.2.0"
 LINUX_DEV_DEPS: tuple[str, ...] = (f"deepseek-recipe=={DEEPSEEK_RECIPE}",)
+# They go to this folder inside the venv, not its site-packages: SGLang switches its DeepSeek chat
+# path to deepseek-recipe whenever that imports, and the demo tokenizer lacks DeepSeek's special
+# tokens, so a recipe in site-packages would stop every demo server at start. Tests that need
+# them put the folder on sys.path themselves.
+TEST_EXTRAS_DIR = "test-extras"
 
 # Python modules SGLang imports that exist on Linux only (no win_amd64 wheel).
 LINUX_ONLY_DEPS: tuple[str, ...] = ("uvloop",)

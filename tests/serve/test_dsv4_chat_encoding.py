@@ -1,7 +1,8 @@
 """winport's DeepSeek-V4 / V4.1 chat encoding against deepseek-recipe, the encoder SGLang 0.5.23 uses.
 
-deepseek-recipe is a Linux test dependency (winport/pins.py LINUX_DEV_DEPS): on Linux these tests
-import it and fail when it is missing; it has no Windows wheel, so there they are skipped.
+deepseek-recipe is a Linux test dependency (winport/pins.py LINUX_DEV_DEPS), installed outside the
+venv's site-packages (pins.TEST_EXTRAS_DIR says why): on Linux these tests import it from there and
+fail when it is missing; it has no Windows wheel, so there they are skipped.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from winport.chat import dsv4_encoding as enc
 if sys.platform == "win32":
     pytest.skip("deepseek-recipe has no Windows wheel", allow_module_level=True)
 
+from pathlib import Path  # noqa: E402
+
+from winport import pins  # noqa: E402
+
+sys.path.insert(0, str(Path(sys.prefix) / pins.TEST_EXTRAS_DIR))
 import deepseek_recipe as recipe  # noqa: E402 - a test dependency on Linux: fails here if missing
 
 SPECS = ("dsv4", "dsv41")

@@ -171,7 +171,8 @@ class Installer:
         if self.dev:
             self.pip("install", "-q", *pins.DEV_DEPS)
             if not self.is_windows:
-                self.pip("install", "-q", *pins.LINUX_DEV_DEPS)
+                self.pip("install", "-q", "--upgrade", "--no-deps", "--target", str(self.venv / pins.TEST_EXTRAS_DIR),
+                         *pins.LINUX_DEV_DEPS)
 
     def install_pth(self) -> None:
         """Step 8."""
