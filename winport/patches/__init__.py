@@ -33,6 +33,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_dsv4_rope_torch",
     "cpu_dsv4_index_kernels_torch",
     "dsv41_vision_hash_routing",
+    "request_limits",
 )
 
 
