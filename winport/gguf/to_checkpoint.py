@@ -57,7 +57,7 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -265,6 +265,7 @@ def gguf_to_checkpoint(
     mmproj: str | Path | bool | None = False,
     engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES,
     engram: str = "map",
+    check: Callable[[Any], None] | None = None,
 ) -> Path:
     """Convert (once) a GGUF model, plus its sidecars, into a checkpoint folder and return the folder.
 
@@ -275,6 +276,8 @@ def gguf_to_checkpoint(
     ``engram``: "map" (default) leaves V4.1 engram tables in the GGUF and writes engram_gguf.json
     (served through a memory map, winport.gguf.engram_rows); "copy" streams them into the shards.
     ``engram_chunk_bytes``: source bytes per step when copying engram tables (bounds the memory).
+    ``check``: called with the opened model once its sidecars are checked, before the cache is looked
+    at or anything is converted (so a caller refuses what it cannot serve from the one open).
     Raises GGUFError (naming the file, tensor or key), for a bad sidecar before any conversion.
     """
     from winport.paths import cache_dir
@@ -292,6 +295,8 @@ def gguf_to_checkpoint(
         vision_cfg: dict[str, Any] = {}
         if mm_plan is not None:
             vision_cfg = check_mmproj(loaded)
+        if check is not None:
+            check(loaded)
         if dense_fp8 is None:
             dense_fp8 = needs_fp8_config(loaded)
             if dense_fp8:

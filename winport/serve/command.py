@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from winport import envs
 from winport.serve.args import build_parser
@@ -164,9 +165,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
                 # Name it after the GGUF (shard suffix dropped), not after the cache folder's hash.
                 stem = model_path.name if model_path.is_dir() else model_path.stem
                 args.served_model_name = re.sub(r"-\d{5}-of-\d{5}$", "", stem)
+            device = resolve_device(args.device)
             try:
-                # Sidecars named by flag, else found next to the model; checked before converting.
-                check_sidecar_flags(model_path, resolve_device(args.device), args.draft_model, args.mmproj)
+                # Sidecars named by flag, else found next to the model: checked (and one SGLang cannot use
+                # on this device refused) on the one open of the GGUF, before anything is converted.
                 model_path = gguf_to_checkpoint(
                     model_path,
                     # MXFP4 routed experts (UD-Q4_K_XL) load only under SGLang's FP8 quant config:
@@ -174,6 +176,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
                     dense_fp8=None,
                     draft=Path(args.draft_model).expanduser() if args.draft_model else None,
                     mmproj=Path(args.mmproj).expanduser() if args.mmproj else None,
+                    check=lambda _loaded: refuse_unusable_sidecars(device, args.draft_model),
                 )
             except GGUFError as exc:
                 raise ServeError(f"--model {model_path}: {exc}") from None
@@ -186,13 +189,12 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     envs.set_for_child(env, envs.WINPORT_PLATFORM, "on")
     envs.set_for_child(env, envs.PYTHONUTF8, "1")
     env.update(sglang_switches(device))
-    from winport.gguf.engram_rows import SIDECAR as ENGRAM_SIDECAR
-
-    engram_mapped = (Path(model_path) / ENGRAM_SIDECAR).is_file()
+    folder = ModelFolder.read(model_path)
+    engram_mapped = folder.engram_map is not None
     if engram_mapped:
         # V4.1 engram tables left in the GGUF: SGLang's processes read them through a memory map
         # (winport.gguf.engram_rows, patch engram_rows_from_gguf).
-        envs.set_for_child(env, envs.WINPORT_ENGRAM_GGUF, str(Path(model_path) / ENGRAM_SIDECAR))
+        envs.set_for_child(env, envs.WINPORT_ENGRAM_GGUF, str(folder.engram_map))
     # SGLang names the model after its path unless told otherwise and refuses a name with ':'
     # (its LoRA "model:adapter" syntax), i.e. every absolute Windows path.
     served_name = args.served_model_name or (f"winport-demo-{args.demo_variant}" if args.demo else model_path.stem)
@@ -208,9 +210,9 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         "--log-level", args.log_level,
         "--trust-remote-code",
     ]
-    sg += sidecar_args(model_path, device, args.draft_model, args.mmproj)
+    sg += sidecar_args(folder, device, args.draft_model, args.mmproj)
     if args.speculative_algorithm and "--speculative-algorithm" not in sg:
-        sg += dspark_args(model_path)
+        sg += dspark_args(folder)
     vram = None
     if device == "cpu":
         if args.vram_gib is not None:
@@ -274,27 +276,44 @@ DRAFT_CPU_REASON = ("SGLang 0.5.23 runs DSpark speculative decoding only on CUDA
                     "(sglang/srt/arg_groups/speculative_hook.py, _handle_dspark), and this server runs on the CPU")
 
 
-def check_sidecar_flags(model: Path, device: str, draft_flag: object, mmproj_flag: object) -> None:
-    """Check sidecars named by flag (GGUFError names the file; a projector must also fit the model,
-    winport.gguf.vision) and refuse, before the long model conversion, one SGLang cannot use on
-    this device."""
-    if draft_flag is None and mmproj_flag is None:
-        return
-    from winport.gguf.convert import load_gguf_model
-
-    with load_gguf_model(model, draft=Path(str(draft_flag)).expanduser() if draft_flag else False,
-                         mmproj=Path(str(mmproj_flag)).expanduser() if mmproj_flag else False) as lm:
-        lm.draft_config()
-        if lm.mmproj_plan() is not None:
-            from winport.gguf.to_checkpoint import check_mmproj
-
-            check_mmproj(lm, say=False)
+def refuse_unusable_sidecars(device: str, draft_flag: object) -> None:
+    """Refuse, before the long model conversion, a sidecar named by flag that SGLang cannot use on this
+    device (called by gguf_to_checkpoint once it has checked the sidecars, winport.gguf.vision included)."""
     if draft_flag is not None and device == "cpu":
         raise ServeError(f"--draft-model {draft_flag}: {DRAFT_CPU_REASON}. The file was checked: it is a usable "
                          "DSpark draft; leave the flag out to serve without it")
 
 
-def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag: object) -> list[str]:
+@dataclass(frozen=True)
+class ModelFolder:
+    """What `winport serve` needs from the folder SGLang loads, read from it once (ModelFolder.read)."""
+
+    path: Path
+    sidecars: dict[str, Any]  # a converted GGUF's bundled sidecars (winport.gguf.to_checkpoint.sidecars)
+    config_keys: frozenset[str] | None  # config.json's keys; None when it cannot be read (config_error says why)
+    config_error: str | None
+    engram_map: Path | None  # engram_gguf.json when the engram tables stay in the GGUF's memory map
+
+    @classmethod
+    def read(cls, path: Path) -> ModelFolder:
+        """Read the stamp, config.json and the engram map of `path` (missing files are recorded, not raised)."""
+        import json
+
+        from winport.gguf.engram_rows import SIDECAR as ENGRAM_SIDECAR
+        from winport.gguf.to_checkpoint import sidecars
+
+        config = Path(path) / "config.json"
+        keys: frozenset[str] | None = None
+        error = None
+        try:
+            keys = frozenset(json.loads(config.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            error = f"cannot read {config}: {exc}"
+        engram = Path(path) / ENGRAM_SIDECAR
+        return cls(Path(path), sidecars(path), keys, error, engram if engram.is_file() else None)
+
+
+def sidecar_args(folder: ModelFolder, device: str, draft_flag: object, mmproj_flag: object) -> list[str]:
     """SGLang flags for the sidecars bundled in a converted GGUF checkpoint (see winport.gguf.to_checkpoint).
 
     DSpark draft: ``--speculative-algorithm DSPARK`` with the draft path = the checkpoint itself (SGLang's
@@ -303,9 +322,7 @@ def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag:
     Vision projector: bundled in the checkpoint (vision tensors + vision_* config keys), which SGLang
     serves as it is (it turns on its V4.1 image processor for such a config); no flag needed.
     """
-    from winport.gguf.to_checkpoint import sidecars
-
-    side = sidecars(model_path)
+    side = folder.sidecars
     out: list[str] = []
     if "draft" in side:
         if device == "cpu":
@@ -313,7 +330,7 @@ def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag:
                 raise ServeError(f"--draft-model {draft_flag}: {DRAFT_CPU_REASON}")
             print(f"winport serve: DSpark draft found next to the model but not used: {DRAFT_CPU_REASON}", flush=True)
         else:
-            out += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(model_path)]
+            out += ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(folder.path)]
     if "mmproj" in side:
         src = side["mmproj"]["source"][0]
         print(f"winport serve: vision projector {src} bundled into the model: image inputs are served", flush=True)
@@ -325,21 +342,17 @@ def sidecar_args(model_path: Path, device: str, draft_flag: object, mmproj_flag:
 DSPARK_BUNDLE_KEYS = ("dspark_block_size", "dspark_markov_rank", "dspark_noise_token_id", "dspark_target_layer_ids")
 
 
-def dspark_args(model_path: Path) -> list[str]:
+def dspark_args(folder: ModelFolder) -> list[str]:
     """SGLang flags for DSpark with the draft bundled in the checkpoint folder (mtp.* tensors +
     dspark_* keys); a ServeError names the folder when its config.json bundles no draft."""
-    import json
-
-    config = Path(model_path) / "config.json"
-    try:
-        keys = set(json.loads(config.read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        raise ServeError(f"--speculative-algorithm DSPARK: cannot read {config}: {exc}") from None
-    if not keys & set(DSPARK_BUNDLE_KEYS):
+    config = folder.path / "config.json"
+    if folder.config_keys is None:
+        raise ServeError(f"--speculative-algorithm DSPARK: {folder.config_error}")
+    if not folder.config_keys & set(DSPARK_BUNDLE_KEYS):
         raise ServeError(f"--speculative-algorithm DSPARK: {config} bundles no DSpark draft (none of "
                          f"{', '.join(DSPARK_BUNDLE_KEYS)}); the V4.1 demo (--demo --demo-variant v41) has one, "
                          "and a GGUF model gets one from --draft-model")
-    return ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(model_path)]
+    return ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", str(folder.path)]
 
 
 def cpu_thread_bind(ranks: int, cpus: int | None = None) -> str:
@@ -390,6 +403,61 @@ def stop_tree(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> list[int]
     return [p.pid for p in tree]
 
 
+# How long the server gets to stop by itself after the stop signal: in-flight requests finish
+# (uvicorn), then the schedulers leave their loop (SGLang waits up to 15 s for them) and the rest is
+# killed (winport.patches.quiet_stop). A second Ctrl-C, or this bound, ends the wait.
+STOP_GRACE_S = 30.0
+
+
+def stop_signal() -> int:
+    """The signal that asks SGLang's launcher to stop in order: CTRL_BREAK on Windows (the one console
+    event a process group can be sent), SIGINT elsewhere."""
+    return signal.CTRL_BREAK_EVENT if sys.platform == "win32" else signal.SIGINT  # type: ignore[attr-defined]
+
+
+def stop_server(proc: subprocess.Popen[bytes], again: threading.Event | None = None,
+                grace_s: float = STOP_GRACE_S) -> list[int]:
+    """Stop the server the way SGLang expects: one stop signal to its launcher, which stops its
+    children in order (winport.patches.quiet_stop); then whatever is left of the tree, by force
+    (stop_tree). `again` is set by a second Ctrl-C, which cuts the wait short. Returns the pids."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        if again is not None:
+            again.clear()
+        try:
+            proc.send_signal(stop_signal())
+        except OSError:
+            pass  # no console to send CTRL_BREAK through: stop_tree below does it by force
+        else:
+            deadline = time.monotonic() + grace_s
+            while proc.poll() is None and time.monotonic() < deadline and not (again and again.is_set()):
+                try:
+                    proc.wait(0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+    if proc.poll() is None:
+        stop_tree(proc, grace_s=5.0)
+    # What outlived the launcher (psutil checks each pid is still the process listed, not a reused one).
+    left = []
+    for p in tree:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    from winport.patches.loopback_distributed import remove_store_files
+
+    remove_store_files(proc.pid)
+    return [p.pid for p in tree]
+
+
 def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
     for line in iter(stream.readline, b""):
         sink.write(line.decode(errors="replace"))
@@ -408,6 +476,10 @@ def run(plan: LaunchPlan) -> int:
     kwargs: dict[str, object] = {}
     if sys.platform == "win32":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
+    else:
+        # Its own session: a terminal's Ctrl-C reaches winport serve only, which stops the server in
+        # order (stop_server), as Windows' new process group does for the console's Ctrl-C.
+        kwargs["start_new_session"] = True
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
     threading.Thread(target=_pump, args=(proc.stdout, sys.stdout), daemon=True).start()
     stopping = threading.Event()
@@ -440,7 +512,7 @@ def run(plan: LaunchPlan) -> int:
         print("winport serve: stopping", flush=True)
         return 0
     finally:
-        pids = stop_tree(proc)
+        pids = stop_server(proc, stopping)
         if pids:
             print(f"winport serve: stopped {len(pids)} process(es)", flush=True)
 
