@@ -30,21 +30,23 @@ class HybridMoE:
     def __init__(self, kt: KTExperts, slots: SlotMap, gpu_experts: GpuExperts | None) -> None:
         if slots.mask is not kt.mask:
             raise ValueError("the slot map must change kt-kernel's own mask tensor (in place)")
-        if slots.num_slots and gpu_experts is None:
-            raise ValueError(f"{slots.num_slots} GPU expert slots but no GPU-side expert method")
         self.kt, self.slots, self.gpu_experts = kt, slots, gpu_experts
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                routed_scaling_factor: float = 1.0) -> torch.Tensor:
-        """Routed-expert output [T, H] in x's dtype; `topk_ids` is remapped to slots in place."""
+                routed_scaling_factor: float = 1.0, gpu_experts: GpuExperts | None = None) -> torch.Tensor:
+        """Routed-expert output [T, H] in x's dtype; `topk_ids` is remapped to slots in place.
+        `gpu_experts` overrides the constructor's for this call (SGLang's method binds the layer)."""
+        run_gpu = gpu_experts or self.gpu_experts
+        if self.slots.num_slots and run_gpu is None:
+            raise ValueError(f"{self.slots.num_slots} GPU expert slots but no GPU-side expert method")
         cpu_ids = self.slots.split_(topk_ids)
         if not self.kt.fits(x):
             # A prefill longer than kt-kernel's buffers (never under CUDA graphs): chunked, synchronous.
             cpu = self.kt.forward(x, cpu_ids, topk_weights)
-            gpu = self.gpu_experts(x, topk_ids, topk_weights) if self.slots.num_slots else None
+            gpu = run_gpu(x, topk_ids, topk_weights) if run_gpu and self.slots.num_slots else None
         else:
             self.kt.submit(x, cpu_ids, topk_weights)
-            gpu = self.gpu_experts(x, topk_ids, topk_weights) if self.slots.num_slots else None
+            gpu = run_gpu(x, topk_ids, topk_weights) if run_gpu and self.slots.num_slots else None
             cpu = self.kt.sync(x)
         acc = cpu.float()
         if gpu is not None:
