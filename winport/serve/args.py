@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "so chat requests with images are served")
     ap.add_argument("--cpu-threads", type=int, default=None,
                     help="sets OMP_NUM_THREADS (torch's CPU threads; default: left as it is)")
+    ap.add_argument("--gpu-experts", type=int, default=None,
+                    help="routed experts per layer kept on the GPU; the rest run in kt-kernel on the CPU "
+                         "(SGLang's --kt-num-gpu-experts; default: all on the GPU; CPU-only: all in kt-kernel, "
+                         "whose threads are physical cores minus one unless `-- --kt-cpuinfer N`)")
     ap.add_argument("--max-running-requests", type=int, default=None,
                     help="how many requests run at once; more wait in a queue (default: SGLang's)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")

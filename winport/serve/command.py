@@ -265,6 +265,15 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         sg += ["--disable-custom-all-reduce"]
     if args.cpu_threads:
         envs.set_for_child(env, envs.OMP_NUM_THREADS, str(args.cpu_threads))
+    from winport.hybrid.serve_plan import expert_plan
+
+    try:
+        experts = expert_plan(device, args.tp, args.gpu_experts, None)
+    except ValueError as exc:
+        raise ServeError(str(exc)) from None
+    print(f"winport serve: {experts.line}", flush=True)
+    sg += experts.argv
+    env.update(experts.env)
     # Last, so that a flag given after `--` wins over winport's choice of the same flag (argparse
     # keeps the last occurrence).
     sg += sglang_extra
