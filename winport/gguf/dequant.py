@@ -16,6 +16,7 @@ import numpy as np
 
 from winport import envs
 
+from .errors import GGUFError
 from .types import GGML_TYPES, PLAIN_DTYPES
 
 # E2M1 code -> value doubled (ggml's kvalues_mxfp4); MXFP4/NVFP4 halve it through their scales.
@@ -288,8 +289,6 @@ def dequantize(
     Works in chunks so the float32 temporaries stay small; the output is the only full-size
     allocation. Types without a native dequantizer fall back to gguf-py when it is installed.
     """
-    from .reader import GGUFError
-
     info = GGML_TYPES.get(type_id)
     if info is None:
         raise GGUFError(f"{path}: tensor {name!r}: unknown GGML type id {type_id}")

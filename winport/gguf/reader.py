@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .dequant import dequantize
+from .errors import GGUFError
 from .types import (
     GGML_MAX_DIMS,
     GGML_TYPES,
@@ -42,10 +44,6 @@ from .types import (
 _MAX_ARRAY_DEPTH = 3
 _MAX_ALIGNMENT = 1 << 20
 _SHARD_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
-class GGUFError(ValueError):
-    """A GGUF file is malformed or unsupported; the message names the file, the item and the problem."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +95,6 @@ class GGUFTensor:
 
     def dequantize(self, dtype: Any = np.float32) -> np.ndarray:
         """Dequantize to a new array of ``dtype`` in the logical shape."""
-        from .dequant import dequantize
-
         return dequantize(self.raw(), self.type.id, self.shape, dtype=dtype, name=self.name, path=self.path)
 
     def release(self) -> None:
