@@ -1,0 +1,106 @@
+"""On a CUDA GPU: the demo served hybrid (4 of its 8 experts a layer on the GPU, the rest in
+kt-kernel on the host CPU, CUDA graphs on) against the same demo with every expert on the GPU.
+
+Both servers round their GPU experts' activations through FP8 (SGLang's Triton fused MoE), the
+hybrid one not for its CPU experts (kt-kernel is W4A16), so the bounds are the CUDA ones of
+tests/serve/test_server_live.py (from the spread of two correct W8A8 computations on the same
+prompt, _w8a8_bounds) applied to the hybrid server against the transformers reference, and the
+greedy bar is widened to the widest self-spread of the two servers. Run on the GPU machine:
+    .venv/bin/python -m pytest -q -s tests/hybrid/test_kt_hybrid_gpu_live.py
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import REPO_ROOT
+from tests.serve import _greedy_judge as greedy_judge
+from tests.serve._server import Server, start, stop, wait_ready
+from tests.serve.test_server_live import (
+    GREEDY_PROMPTS,
+    GREEDY_TOKENS,
+    PARITY_TEXT,
+    _parity,
+    _reference,
+    _w8a8_bounds,
+)
+
+pytestmark = pytest.mark.gpu
+HYBRID_LINE = "routed experts: 4 a layer on the GPU, the rest in kt-kernel on the CPU"
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[Server, Server]]:
+    """(hybrid server, all-GPU server)."""
+    hybrid = start(["--demo", "--gpu-experts", "4"])
+    full = start(["--demo"])
+    try:
+        wait_ready(hybrid)
+        wait_ready(full)
+        yield hybrid, full
+    finally:
+        stop(hybrid)
+        stop(full)
+
+
+def _post(srv: Server, body: dict) -> dict:
+    req = urllib.request.Request(srv.url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:  # noqa: S310 - loopback only
+        return json.loads(resp.read())
+
+
+def test_hybrid_line_and_cuda_graphs(servers: tuple[Server, Server]) -> None:
+    hybrid, _ = servers
+    assert HYBRID_LINE in hybrid.text()
+    assert "winport: routed experts run in kt-kernel" in hybrid.text()
+    assert "overlapped with the GPU on its stream" in hybrid.text()
+    assert "--disable-cuda-graph" not in " ".join(hybrid.argv)
+
+
+def test_prompt_logprobs_hybrid_vs_reference_and_all_gpu(servers: tuple[Server, Server]) -> None:
+    from transformers import AutoTokenizer
+
+    hybrid, full = servers
+    folder = REPO_ROOT / ".cache" / "winport-test" / "demo-v4"
+    ids = [0, *AutoTokenizer.from_pretrained(str(folder)).encode(PARITY_TEXT)]
+    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+            "return_logprob": True, "logprob_start_len": 0}
+    served = {name: [lp for lp, _t, _ in _post(srv, body)["meta_info"]["input_token_logprobs"][1:]]
+              for name, srv in (("hybrid", hybrid), ("full", full))}
+    from winport.demo.reference import prompt_logprobs
+
+    reference = prompt_logprobs(_reference(folder), ids)
+    max_median, min_share = _w8a8_bounds(folder, ids, reference)
+    for name, lps in served.items():
+        median, within = _parity(lps, reference)
+        print(f"{name} vs transformers: median {median:.4f} share<0.3 {within:.2f} "
+              f"(bounds {max_median:.3f} / {min_share:.2f})")
+        assert median < max_median and within >= min_share
+    median, within = _parity(served["hybrid"], served["full"])
+    print(f"hybrid vs all-GPU: median {median:.4f} share<0.3 {within:.2f}")
+
+
+def test_greedy_hybrid_judged_by_all_gpu(servers: tuple[Server, Server]) -> None:
+    from transformers import AutoTokenizer
+
+    hybrid, full = servers
+    tok = AutoTokenizer.from_pretrained(str(REPO_ROOT / ".cache" / "winport-test" / "demo-v4"))
+    judged, own, own_full, controls = [], [], [], []
+    for text in GREEDY_PROMPTS:
+        ids = [0, *tok.encode(text)]
+        sp = {"max_new_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True}
+        tokens = _post(hybrid, {"input_ids": ids, "sampling_params": sp})["output_ids"]
+        full_tokens = _post(full, {"input_ids": ids, "sampling_params": sp})["output_ids"]
+        judged.append(greedy_judge.server_deficits(full.url, ids, tokens))
+        own.append(greedy_judge.server_deficits(hybrid.url, ids, tokens))
+        own_full.append(greedy_judge.server_deficits(full.url, ids, full_tokens))
+        controls.append(greedy_judge.server_deficits(full.url, ids, tokens[1:] + tokens[:1]))
+    bar = greedy_judge.widest(greedy_judge.bar_from_self(own), greedy_judge.bar_from_self(own_full))
+    print(f"hybrid greedy judged by all-GPU: {greedy_judge.describe(judged, bar)}")
+    assert greedy_judge.meets(judged, bar), judged
+    assert not greedy_judge.meets(controls, bar), controls
