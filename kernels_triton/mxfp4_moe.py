@@ -62,6 +62,7 @@ repack.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -72,9 +73,11 @@ from kernels_triton.fp8_gemm import _round_bf16  # the same nearest-even interpr
 from kernels_triton.moe_align import moe_align_block_size_ref
 from kernels_triton.moe_sum import moe_sum_triton
 
+if TYPE_CHECKING:
+    from kernels_triton.mxfp4_moe_gemv import GemvMoeConfig
+
 MXFP4_GROUP = 32
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
 
 @dataclass(frozen=True)
 class MoeConfig:
@@ -334,11 +337,13 @@ def _check(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2:
 def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
               w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               swiglu_limit: float | None = None, routed_scaling_factor: float = 1.0,
-              config: MoeConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+              config: MoeConfig | GemvMoeConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """Routed-expert MoE output [T, H] bf16 for MXFP4 experts (layout in the module docstring).
 
     Runs the Triton kernels on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1; there is
-    no silent fallback (mxfp4_moe_ref is the torch reference). ``config`` overrides the tiles.
+    no silent fallback (mxfp4_moe_ref is the torch reference). ``config`` overrides the tiles: a
+    MoeConfig selects the tl.dot kernels, a GemvMoeConfig the decode GEMV (mxfp4_moe_gemv.py), which
+    None picks for T * top_k <= mxfp4_moe_gemv.GEMV_MAX_SLOTS.
     """
     e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
     if not (hidden.is_cuda or _interpreting()):
@@ -356,6 +361,15 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     if t == 0:
         return out
     numel = t * topk
+    from kernels_triton import mxfp4_moe_gemv as gv  # here: that module imports this one
+
+    if isinstance(config, gv.GemvMoeConfig) or (config is None and numel <= gv.GEMV_MAX_SLOTS):
+        w13w, w2w = gv.words_view(w13.view(torch.uint8)), gv.words_view(w2.view(torch.uint8))
+        if w13w is not None and w2w is not None:
+            return gv.mxfp4_moe_gemv(hidden, w13w, s13, w2w, s2, s13_f32, topk_ids, topk_weights, swiglu_limit,
+                                     routed_scaling_factor, out, config or gv.DEFAULT_GEMV_CONFIG, _interpreting())
+        if config is not None:
+            raise ValueError("mxfp4_moe: GemvMoeConfig needs w13/w2 viewable as int32 words (4-byte aligned strides)")
     cfg = config or pick_config(numel, e)
     if cfg.block_k % MXFP4_GROUP or cfg.block_m < 16 or cfg.block_n < 16:
         raise ValueError(f"mxfp4_moe: bad config {cfg} (block_k a multiple of 32, block_m/n >= 16)")

@@ -1,8 +1,12 @@
 """Benchmark: the MXFP4 fused MoE (kernels_triton/mxfp4_moe.py) at DeepSeek-V4.1-Flash expert sizes.
 
-Per token count T (decode 1, 8; prefill 2048 by default), with top-6 routing over 384 experts
-(hidden 5120, intermediate 2304), prints:
+Per token count T (decode 1, 2, 5 = DSpark's verify block, 8, 64; prefill 2048 by default), with top-6
+routing over 384 experts (hidden 5120, intermediate 2304), prints:
 - copy bandwidth measured in the same run (device-to-device copy, read + write bytes / time);
+- the decode GEMV (kernels_triton/mxfp4_moe_gemv.py, what mxfp4_moe() runs for T * top_k <=
+  GEMV_MAX_SLOTS; also timed up to 1024 (token, slot) pairs to show the crossover) and the tl.dot kernels
+  (an explicit MoeConfig), each eager and in a CUDA graph, as % of copy bandwidth for the bytes of the
+  distinct experts touched; --gemv-sweep adds the GEMV_SWEEP tiles (pick the best per T);
 - the MXFP4 kernel's time per call (moe_align + gate/up + down + moe_sum, what a layer would
   call), the bytes of expert weights it touches (unique routed experts x (packed codes + E8M0
   scales)), GB/s and % of copy bandwidth; at decode also the time inside one CUDA graph (as
@@ -17,7 +21,8 @@ Per token count T (decode 1, 8; prefill 2048 by default), with top-6 routing ove
 Routings rotate over several draws (decode: 8 x 6 experts x 18.8 MB = 0.9 GB > L2) so weights
 come from DRAM, as in a real decode step.
 
-Usage: PYTHONPATH=. python3 scripts/bench/mxfp4_moe.py [--tokens 1,8,2048] [--sweep] [--no-baseline]
+Usage: PYTHONPATH=. python3 scripts/bench/mxfp4_moe.py [--tokens 1,2,5,8,64,2048] [--gemv-sweep] [--sweep]
+       [--no-baseline]
        [--check] [--json PATH]
        TRITON_INTERPRET=1 PYTHONPATH=. python3 scripts/bench/mxfp4_moe.py --cpu-smoke   (tiny shapes on CPU:
        exercises the script's code paths, its times mean nothing)
@@ -40,10 +45,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from roofline import graph_time  # noqa: E402  (sibling module: scripts/bench is on sys.path)
 
 from kernels_triton import mxfp4_moe as mm  # noqa: E402
+from kernels_triton import mxfp4_moe_gemv as gv  # noqa: E402
 
 SWEEP = [mm.MoeConfig(16, 64, 128, 4, 3), mm.MoeConfig(16, 128, 128, 4, 3), mm.MoeConfig(16, 64, 256, 4, 4),
          mm.MoeConfig(16, 32, 128, 4, 4), mm.MoeConfig(32, 64, 128, 4, 3), mm.MoeConfig(64, 64, 64, 8, 3),
          mm.MoeConfig(64, 128, 64, 8, 3), mm.MoeConfig(64, 64, 128, 4, 3), mm.MoeConfig(128, 64, 64, 8, 3)]
+
+
+# --gemv-sweep: a few tiles of the decode GEMV (gate_up / down: block_n, block_k, warps). block_k = 1024 x
+# warps puts every warp along K (x reused by every row a thread holds); the smaller ones spread rows.
+GEMV_SWEEP = [gv.GemvMoeConfig(gn, gk, gw, dn, dk, dw) for gn, gk, gw, dn, dk, dw in (
+    (4, 1024, 1, 4, 1024, 1), (2, 1024, 1, 2, 1024, 1), (8, 1024, 1, 8, 1024, 1), (4, 2048, 2, 4, 1024, 1),
+    (4, 1024, 1, 4, 256, 1), (4, 1024, 1, 8, 512, 1), (2, 2048, 2, 4, 2048, 2), (4, 512, 1, 4, 512, 1),
+    (1, 1024, 1, 1, 1024, 1), (8, 512, 2, 8, 256, 1), (4, 4096, 4, 4, 2048, 2), (16, 256, 1, 16, 256, 1))]
 
 
 def bench(fn: Callable[[], object], reps: int = 30) -> float:
@@ -121,27 +135,51 @@ def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torc
     out = torch.empty(t, h, dtype=torch.bfloat16, device=dev)
     row: dict = {"T": t, "unique_experts": uniq, "weight_MB": wbytes / 1e6}
 
-    def call(cfg: mm.MoeConfig | None = None, state: list = [0]) -> None:  # noqa: B006 - rotation counter
+    def call(cfg: mm.MoeConfig | gv.GemvMoeConfig | None = None, state: list = [0]) -> None:  # noqa: B006
         state[0] = (state[0] + 1) % len(draws)
         ids, tw = draws[state[0]]
         mm.mxfp4_moe(x, w13, s13, w2, s2, ids, tw, limit, 1.0, config=cfg, out=out)
 
+    def timed(label: str, cfg: mm.MoeConfig | gv.GemvMoeConfig, key: str) -> float:
+        """Eager and (decode) CUDA-graph time of one path; prints a line and fills row[key*]."""
+        ms = bench(lambda: call(cfg), 30 if dev == "cuda" else 2)
+        row[f"{key}_ms"] = ms
+        line = (f"         {label:<8} {ms * 1e3:9.1f} us eager ({100 * wbytes / ms / 1e6 / copy_bw:5.1f}% of copy)"
+                f" cfg {tuple(cfg.__dict__.values())}")
+        best = ms
+        if dev == "cuda" and t <= 64:
+            try:
+                calls = [(lambda j=j: mm.mxfp4_moe(x, w13, s13, w2, s2, *draws[j], limit, 1.0, config=cfg, out=out))
+                         for j in range(len(draws))]
+                gms = graph_bench(calls)
+                best = gms
+                row[f"{key}_graph_ms"] = gms
+                row[f"{key}_graph_pct_copy"] = 100 * wbytes / gms / 1e6 / copy_bw
+                line += f" | CUDA graph {gms * 1e3:9.1f} us ({row[f'{key}_graph_pct_copy']:5.1f}% of copy)"
+            except Exception as exc:  # noqa: BLE001 - report and go on: capture is informative only
+                row[f"{key}_graph_error"] = repr(exc)
+                line += f" | CUDA graph capture failed: {exc!r}"
+        print(line)
+        return best
+
     cfg = mm.pick_config(t * k, e)
-    ms = bench(call, 30 if dev == "cuda" else 2)
+    print(f"T={t:5d}: {uniq:6.1f} experts, {wbytes / 1e6:8.1f} MB of weights (distinct experts touched); "
+          f"default dispatch: {'GEMV' if t * k <= gv.GEMV_MAX_SLOTS else 'tl.dot'}")
+    row.update(config=cfg.__dict__)
+    if t * k <= 1024:  # the GEMV launcher's limit; beyond GEMV_MAX_SLOTS it is timed for the crossover
+        timed("GEMV", gv.DEFAULT_GEMV_CONFIG, "gemv")
+    ms = timed("tl.dot", cfg, "tldot")
     gbps = wbytes / ms / 1e6
-    row.update(config=cfg.__dict__, ms=ms, GBps=gbps, pct_copy=100 * gbps / copy_bw)
-    print(f"T={t:5d}: {uniq:6.1f} experts, {wbytes / 1e6:8.1f} MB of weights | MXFP4 kernel {ms * 1e3:9.1f} us "
-          f"{gbps:7.0f} GB/s ({100 * gbps / copy_bw:5.1f}% of copy) cfg {tuple(cfg.__dict__.values())}")
-    if dev == "cuda" and t <= 64:
-        try:
-            calls = [(lambda j=j: mm.mxfp4_moe(x, w13, s13, w2, s2, *draws[j], limit, 1.0, out=out))
-                     for j in range(len(draws))]
-            gms = graph_bench(calls)
-            row.update(graph_ms=gms, graph_pct_copy=100 * wbytes / gms / 1e6 / copy_bw)
-            print(f"         in a CUDA graph: {gms * 1e3:9.1f} us ({row['graph_pct_copy']:5.1f}% of copy)")
-        except Exception as exc:  # noqa: BLE001 - report and go on: capture is informative only
-            row["graph_error"] = repr(exc)
-            print(f"         CUDA graph capture failed: {exc!r}")
+    row.update(ms=ms, GBps=gbps, pct_copy=100 * gbps / copy_bw)
+    if args.gemv_sweep and t * k <= 1024:
+        row["gemv_sweep"] = []
+        for c in GEMV_SWEEP:
+            try:
+                sms = timed("sweep", c, "sweep_last")
+            except Exception as exc:  # noqa: BLE001 - a tile may not compile or fit on a target
+                print(f"         sweep {tuple(c.__dict__.values())}: failed {exc!r}")
+                continue
+            row["gemv_sweep"].append({"config": c.__dict__, "ms": sms})
     fp8_ms = uniq * fp8_per_expert / copy_bw / 1e6
     row["fp8_bound_ms"] = fp8_ms
     print(f"         FP8-dequantized path at 100% of copy bandwidth (computed bound, not measured): "
@@ -184,13 +222,14 @@ def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torc
 def main() -> None:
     """Run the benchmark and print (and optionally save) the numbers."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", default="1,8,2048")
+    ap.add_argument("--tokens", default="1,2,5,8,64,2048")
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--hidden", type=int, default=5120)
     ap.add_argument("--inter", type=int, default=2304)
     ap.add_argument("--topk", type=int, default=6)
     ap.add_argument("--routings", type=int, default=8, help="routing draws rotated per timed call")
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP tile configs")
+    ap.add_argument("--gemv-sweep", action="store_true", help="also time the GEMV_SWEEP tiles of the decode GEMV")
     ap.add_argument("--no-baseline", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare one call per T with the float32 torch reference")
     ap.add_argument("--json", default="")
@@ -199,7 +238,7 @@ def main() -> None:
     if args.cpu_smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--cpu-smoke needs TRITON_INTERPRET=1 in the environment")
-        args.tokens, args.experts, args.hidden, args.inter, args.routings = "1,8,40", 8, 128, 64, 2
+        args.tokens, args.experts, args.hidden, args.inter, args.routings = "1,5,40", 8, 128, 64, 2
         args.check = True
     dev = "cpu" if args.cpu_smoke else "cuda"
     if dev == "cuda" and not torch.cuda.is_available():

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from kernels_triton import mxfp4_moe as mm
-from tests.ops._helpers import HAS_CUDA, poisoned
+from tests.ops.conftest import HAS_CUDA, poisoned
 
 U = 2.0 ** -8  # bf16 unit roundoff (8 significant bits)
 F32 = 2.0 ** -24  # fp32 unit roundoff
@@ -140,6 +140,15 @@ def run_both(x: torch.Tensor, experts: tuple[torch.Tensor, ...], ids: torch.Tens
     same = (out.double() == faithful).float().mean()
     assert same >= 0.99, f"only {float(same):.4f} of outputs equal the rounding-faithful reference"
     return out
+
+
+@pytest.fixture(autouse=True)
+def _tl_dot_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests cover the tl.dot kernels at every T: the decode GEMV that mxfp4_moe() picks for small
+    batches has its own tests (test_mxfp4_moe_gemv.py), so the GEMV threshold is set to 0 here."""
+    from kernels_triton import mxfp4_moe_gemv
+
+    monkeypatch.setattr(mxfp4_moe_gemv, "GEMV_MAX_SLOTS", 0)
 
 
 CASES = [  # T, E, k, H, I

@@ -460,6 +460,9 @@ GPU_CONSTEXPRS: dict[str, Callable[[Json], dict[str, Any]]] = {
     # mxfp4_moe.py: EMULATE_BF16=TRITON_INTERPRET (fp32 dot of bf16-exact values, rounding by hand)
     "kernels_triton.mxfp4_moe:_mxfp4_moe_gate_up_kernel": lambda e: {"EMULATE_BF16": False},
     "kernels_triton.mxfp4_moe:_mxfp4_moe_down_kernel": lambda e: {"EMULATE_BF16": False},
+    # mxfp4_moe_gemv.py: EMULATE_BF16=TRITON_INTERPRET (fp32 -> bf16 rounding by hand)
+    "kernels_triton.mxfp4_moe_gemv:_mxfp4_gemv_gate_up_kernel": lambda e: {"EMULATE_BF16": False},
+    "kernels_triton.mxfp4_moe_gemv:_mxfp4_gemv_down_kernel": lambda e: {"EMULATE_BF16": False},
 }
 
 

@@ -187,3 +187,93 @@ def test_state_dict_formats_and_round_trip() -> None:
                        qz.dequantize_fp8_block(quant["layers.1.attn.wq_b.weight"], quant["layers.1.attn.wq_b.scale"]))
     with pytest.raises(ValueError, match="layers.0.attn.wq_a.weight: FP8 weight without its .scale"):
         qz.dequantize_state_dict({"layers.0.attn.wq_a.weight": quant["layers.0.attn.wq_a.weight"]})
+
+
+# --- the CPU serving paths of the quantized demo (winport.patches.cpu_fp8_block_linear / cpu_mxfp4_moe)
+
+
+def test_cpu_block_fp8_linear_equals_float64(gen: torch.Generator) -> None:
+    from winport.patches.cpu_fp8_block_linear import block_fp8_linear_w8a16, dequantize_block_fp8
+
+    w = torch.randn(384, 256, generator=gen) / 16
+    q, s = qz.quantize_fp8_block(w, (128, 128))
+    x = torch.randn(5, 256, generator=gen).bfloat16()
+    scale32 = s.float()  # SGLang holds the ue8m0 scales as fp32 parameters
+    assert torch.equal(dequantize_block_fp8(q, scale32, [128, 128]).float(), qz.dequantize_fp8_block(q, s))
+    got = block_fp8_linear_w8a16(x, q, [128, 128], scale32)
+    ref = x.double() @ qz.dequantize_fp8_block(q, s).double().T
+    # bf16 output: half an ulp (2^-9 relative) plus fp32 accumulation noise; a wrong block scale or
+    # a transposed block is off by far more than that
+    bound = 2**-8 * (x.double().abs() @ qz.dequantize_fp8_block(q, s).double().abs().T) + 1e-6
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 384)
+    assert ((got.double() - ref).abs() <= bound).all()
+    cached = block_fp8_linear_w8a16(x, q, [128, 128], scale32, weight_bf16=dequantize_block_fp8(q, scale32, [128, 128]))
+    assert torch.equal(cached, got)
+    with pytest.raises(NotImplementedError, match="pre-quantized"):
+        block_fp8_linear_w8a16(x, q, [128, 128], scale32, input_scale=torch.ones(1))
+
+
+def _moe_reference(x: torch.Tensor, experts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                   weights: torch.Tensor, ids: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """float64, one token and one expert at a time, DeepSeek's clamped SwiGLU."""
+    out = torch.zeros(x.shape[0], experts[0][2].shape[0], dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            if e < 0:
+                continue
+            w1, w3, w2 = (m.double() for m in experts[e])
+            g, u = w1 @ x[t].double(), w3 @ x[t].double()
+            if limit is not None:
+                g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+            out[t] += float(weights[t, k]) * (w2 @ (torch.nn.functional.silu(g) * u))
+    return out
+
+
+@pytest.mark.parametrize("limit", [None, 1.0])
+def test_cpu_mxfp4_moe_equals_float64(gen: torch.Generator, limit: float | None) -> None:
+    from winport.patches.cpu_mxfp4_moe import mxfp4_moe
+
+    n_exp, hidden, inter, tokens = 4, 64, 32, 6
+    experts, w13, w13s, w2, w2s = [], [], [], [], []
+    for _ in range(n_exp):
+        mats = [torch.randn(inter, hidden, generator=gen) / 4, torch.randn(inter, hidden, generator=gen) / 4,
+                torch.randn(hidden, inter, generator=gen) / 4]
+        packed = [qz.quantize_mxfp4(m) for m in mats]
+        experts.append(tuple(qz.dequantize_mxfp4(*p) for p in packed))
+        w13.append(torch.cat([packed[0][0], packed[1][0]]))
+        w13s.append(torch.cat([packed[0][1], packed[1][1]]).float())
+        w2.append(packed[2][0])
+        w2s.append(packed[2][1].float())
+    x = torch.randn(tokens, hidden, generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(n_exp, generator=gen)[:2] for _ in range(tokens)])
+    ids[0, 1] = -1  # an empty slot
+    weights = torch.rand(tokens, 2, generator=gen)
+    got = mxfp4_moe(x, torch.stack(w13), torch.stack(w13s), torch.stack(w2), torch.stack(w2s), weights, ids, limit)
+    ref = _moe_reference(x, experts, weights, ids, limit)
+    # bf16 intermediates (gate/up, activation, output): a few 2^-9 relative steps; scaled to the output
+    err = (got.double() - ref).abs().max() / ref.abs().max()
+    assert err < 0.02, err
+    if limit is not None:  # the clamp does something at this scale: without it the answer differs
+        unclamped = _moe_reference(x, experts, weights, ids, None)
+        assert (unclamped - ref).abs().max() / ref.abs().max() > 0.05
+
+
+def test_cpu_fp8_layer_preparation(gen: torch.Generator) -> None:
+    """What the load hook leaves on a layer: the FP8 parameter untouched, its bf16 value, the linear."""
+    import types
+
+    from winport.patches.cpu_fp8_block_linear import block_fp8_linear_w8a16, prepare_layer
+
+    q, s = qz.quantize_fp8_block(torch.randn(256, 128, generator=gen), (128, 128))
+    layer = types.SimpleNamespace(weight=torch.nn.Parameter(q.clone(), requires_grad=False),
+                                  weight_scale_inv=torch.nn.Parameter(s.float(), requires_grad=False))
+    method = types.SimpleNamespace(weight_block_size=[128, 128], use_mxfp8=False, convert_mxfp8_to_block=False,
+                                   w8a8_block_fp8_linear=None)
+    prepare_layer(method, layer)
+    assert method.w8a8_block_fp8_linear is block_fp8_linear_w8a16
+    assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(layer._block_fp8_bf16_weight.float(), qz.dequantize_fp8_block(q, s))
+    method.use_mxfp8 = True
+    with pytest.raises(NotImplementedError, match="MXFP8"):
+        prepare_layer(method, layer)
