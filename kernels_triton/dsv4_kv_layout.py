@@ -5,12 +5,9 @@ Triton: `sglang.kernels.ops.attention.dsv4.attn.fused_store_cache(type="flashmla
 store) and `sglang.kernels.ops.attention.dsv4.dequant_k_cache.dequantize_k_cache_paged_dsv4`
 (gather + dequantize). The same byte layout is what FlashMLA's sparse decode reads.
 
-Layout facts (SGLang 0.5.23 `kv_layout.py` / `dequant_k_cache.py`, FlashMLA V4 format):
-- one token = 448 "nope" values as FP8 e4m3 (7 tiles of 64, one scale per tile) + 64 RoPE values
-  kept in bf16 = 576 data bytes, and 7 UE8M0 scale bytes + 1 pad byte = 8 scale bytes;
-- one page of `P` tokens = [P x 576 data bytes][P x 8 scale bytes], padded up to a multiple of 576
-  bytes (so a page is not P x 584 bytes: page_bytes(256) = 147,456);
-- a token index is `page * P + slot`; the scale byte `s` means 2 ** (s - 127) (UE8M0).
+Layout facts: kernels_triton.formats (the ``V4_*`` constants, from SGLang 0.5.23 `kv_layout.py` /
+`dequant_k_cache.py` and FlashMLA's V4 format): per token 576 data bytes (448 e4m3 + 64 bf16) then
+8 scale bytes (7 UE8M0 + 1 pad) per page row group, pages padded to a multiple of 576 bytes.
 - quantization (SGLang's store): scale = 2 ** ceil(log2(max(amax_tile, 1e-8) / 448)), value =
   clamp(x / scale, -448, 448) rounded to e4m3 (round to nearest even).
 
@@ -25,25 +22,21 @@ import torch
 import triton
 import triton.language as tl
 
-DIM_NOPE = 448
-DIM_ROPE = 64
-HEAD_DIM = DIM_NOPE + DIM_ROPE  # 512
-TILE_SIZE = 64
-NUM_TILES = DIM_NOPE // TILE_SIZE  # 7
-DATA_BYTES = DIM_NOPE + 2 * DIM_ROPE  # 576: fp8 nope + bf16 rope
-SCALE_BYTES = NUM_TILES + 1  # 8: 7 UE8M0 scales + 1 pad byte
-BYTES_PER_TOKEN = DATA_BYTES + SCALE_BYTES  # 584
-PAGE_ALIGN = 576  # the page stride is padded to FlashMLA's TMA row stride
-FP8_MAX = 448.0
-QUANT_EPS = 1e-8
-UE8M0_BIAS = 127
-FP8_DTYPE = torch.float8_e4m3fn
+from kernels_triton.formats import E4M3_MAX as FP8_MAX
+from kernels_triton.formats import E8M0_BIAS as UE8M0_BIAS
+from kernels_triton.formats import V4_BYTES_PER_TOKEN as BYTES_PER_TOKEN
+from kernels_triton.formats import V4_DATA_BYTES as DATA_BYTES
+from kernels_triton.formats import V4_DIM_NOPE as DIM_NOPE
+from kernels_triton.formats import V4_DIM_ROPE as DIM_ROPE
+from kernels_triton.formats import V4_HEAD_DIM as HEAD_DIM
+from kernels_triton.formats import V4_NUM_TILES as NUM_TILES
+from kernels_triton.formats import V4_SCALE_BYTES as SCALE_BYTES
+from kernels_triton.formats import V4_TILE as TILE_SIZE
+from kernels_triton.formats import v4_page_bytes as page_bytes
+from kernels_triton.formats.codecs import E4M3_DTYPE as FP8_DTYPE
+from kernels_triton.formats.codecs import e8m0_shift_to_float, ue8m0_exponent
 
-
-def page_bytes(page_size: int) -> int:
-    """Bytes of one page of `page_size` tokens, padded to a multiple of 576 (SGLang's pool)."""
-    raw = page_size * BYTES_PER_TOKEN
-    return -(-raw // PAGE_ALIGN) * PAGE_ALIGN
+QUANT_EPS = 1e-8  # SGLang's V4 store clamps amax here (the fused XPU kernels use 1e-4)
 
 
 def alloc_k_cache(num_pages: int, page_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -88,13 +81,6 @@ def cache_pages(cache: torch.Tensor, page_size: int | None = None) -> tuple[torc
 # ----------------------------------------------------------------------------------------------
 
 
-def _ceil_log2_exact(y: torch.Tensor) -> torch.Tensor:
-    """ceil(log2(y)) for positive normal fp32 `y`, exact (frexp, no transcendental rounding)."""
-    mant, exp = torch.frexp(y)
-    # y = mant * 2**exp with mant in [0.5, 1): y is a power of two exactly when mant == 0.5.
-    return torch.where(mant == 0.5, exp - 1, exp).to(torch.int32)
-
-
 def quantize_k_v4_reference(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantize `[N, 512]` K rows to the V4 parts: (nope e4m3 [N, 448], rope bf16 [N, 64], ue8m0 [N, 7]).
 
@@ -106,7 +92,7 @@ def quantize_k_v4_reference(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     x = k.reshape(-1, HEAD_DIM)
     nope = x[:, :DIM_NOPE].float().view(-1, NUM_TILES, TILE_SIZE)
     amax = nope.abs().amax(dim=-1).clamp_min(QUANT_EPS)
-    exp = _ceil_log2_exact(amax / FP8_MAX)  # [N, 7]
+    exp = ue8m0_exponent(amax / FP8_MAX) - UE8M0_BIAS  # [N, 7], exact ceil(log2)
     inv = torch.ldexp(torch.ones_like(amax), -exp)  # exact 2**-exp
     scaled = (nope * inv.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX)
     nope_fp8 = scaled.reshape(-1, DIM_NOPE).to(FP8_DTYPE)
@@ -158,8 +144,7 @@ def gather_k_v4_reference(cache: torch.Tensor, token_ids: torch.Tensor, page_siz
     sc = pages[page[:, None], (page_size * DATA_BYTES + slot * SCALE_BYTES)[:, None]
                + torch.arange(NUM_TILES, device=dev)[None, :]]
     nope = data[:, :DIM_NOPE].contiguous().view(FP8_DTYPE).float().view(-1, NUM_TILES, TILE_SIZE)
-    # (s << 23) reinterpreted as fp32 is exactly 2**(s-127) for s in 1..254, and 0 for s == 0.
-    scale = (sc.to(torch.int32) << 23).view(torch.float32)
+    scale = e8m0_shift_to_float(sc)  # 2**(s-127) for s in 1..254, and 0 for s == 0
     nope = (nope * scale.unsqueeze(-1)).view(-1, DIM_NOPE)
     rope = data[:, DIM_NOPE:].contiguous().view(torch.bfloat16).float()
     out = torch.cat([nope, rope], dim=1).to(out_dtype)

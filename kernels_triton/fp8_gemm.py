@@ -50,6 +50,7 @@ import math
 import torch
 
 from kernels_triton import _env
+from kernels_triton.formats.codecs import expand_block_scales, unpack_ue8m0_int32
 
 try:  # Triton is optional on the CPU path (the reference needs only torch).
     import triton
@@ -77,24 +78,11 @@ def unpack_ue8m0_scales(sf: torch.Tensor, num_groups: int | None = None) -> torc
     TMA-aligned); byte j of each int32 is the biased exponent e of group 4*i + j and the scale is
     2^(e - 127). Returns [..., mn, num_groups] float32 (contiguous).
     """
-    if sf.dtype != torch.int32:
-        raise TypeError(f"packed UE8M0 scales must be int32, got {sf.dtype}")
-    parts = [((sf >> (8 * j)) & 0xFF) for j in range(4)]
-    e = torch.stack(parts, dim=-1).flatten(-2)  # [..., mn, 4 * packs], group order preserved
+    e = unpack_ue8m0_int32(sf)  # [..., mn, 4 * packs], group order preserved
     out = torch.exp2(e.to(torch.float32) - 127.0)
     if num_groups is not None:
         out = out[..., :num_groups]
     return out.contiguous()
-
-
-def _expand_scale(s: torch.Tensor, rows: int, cols: int, rb: int, cb: int) -> torch.Tensor:
-    """[ceil(rows/rb), ceil(cols/cb)] block scales -> [rows, cols] (last two dims)."""
-    s = s.to(torch.float32)
-    if rb > 1:
-        s = s.repeat_interleave(rb, dim=-2)
-    if cb > 1:
-        s = s.repeat_interleave(cb, dim=-1)
-    return s[..., :rows, :cols]
 
 
 def _check(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
@@ -123,7 +111,7 @@ def fp8_block_gemm_reference(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: 
                              c: torch.Tensor | None = None) -> torch.Tensor:
     """Dequantize to fp32 and matmul (see module docstring for layouts). Works on any device."""
     m, n, k, bn, bk = _check(a_fp8, a_scale, b_fp8, b_scale, block_size)
-    a_deq = a_fp8.to(torch.float32) * _expand_scale(a_scale, m, k, 1, bk)
+    a_deq = a_fp8.to(torch.float32) * expand_block_scales(a_scale, m, k, (1, bk))
     batch = a_fp8.shape[:-2]
     acc = torch.empty(*batch, m, n, dtype=torch.float32, device=a_fp8.device)
     # ~64 MiB of dequantized weight per chunk: bounded memory on the CPU serving path.
@@ -131,7 +119,7 @@ def fp8_block_gemm_reference(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: 
     for n0 in range(0, n, chunk):
         n1 = min(n, n0 + chunk)
         sb = b_scale[..., n0 // bn: -(-n1 // bn), :]
-        b_deq = b_fp8[..., n0:n1, :].to(torch.float32) * _expand_scale(sb, n1 - n0, k, bn, bk)
+        b_deq = b_fp8[..., n0:n1, :].to(torch.float32) * expand_block_scales(sb, n1 - n0, k, (bn, bk))
         acc[..., n0:n1] = torch.matmul(a_deq, b_deq.transpose(-1, -2))
     if c is not None:
         acc += c.to(torch.float32)

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import torch
 
-# type id -> (values per block, bytes per block); ids as in ggml / gguf-py.
-BLOCK = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
-         8: (32, 34), 12: (256, 144), 14: (256, 210), 39: (32, 17)}
+from kernels_triton.formats import GGML_BLOCKS, GGMLType
+from kernels_triton.formats.codecs import dequantize_mxfp4_ggml_blocks, q8_0_values
+
+T = GGMLType
+# The types this module dequantizes -> (values per block, bytes per block), from the formats table.
+BLOCK: dict[GGMLType, tuple[int, int]] = {t: GGML_BLOCKS[t] for t in (
+    T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4)}
+_PLAIN = {T.F32: torch.float32, T.F16: torch.float16, T.BF16: torch.bfloat16}
 MOE_BLOCK = 4  # MOE_X of the upstream GGUF MMQ kernels (SGLang passes it to moe_align_block_size)
-_MXFP4_VALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -45,34 +49,31 @@ def _scale_min_k4(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _dequant_blocks(b: torch.Tensor, qtype: int) -> torch.Tensor:
     """b: uint8 [nblocks, bytes_per_block] -> float32 [nblocks, values_per_block]."""
-    if qtype == 8:
-        return _f16(b[:, 0:2])[:, None] * b[:, 2:34].view(torch.int8).float()
-    if qtype == 2:
+    if qtype == T.Q8_0:
+        return q8_0_values(b[:, 0:2].contiguous().view(torch.float16).squeeze(-1), b[:, 2:34].view(torch.int8))
+    if qtype == T.Q4_0:
         return _f16(b[:, 0:2])[:, None] * (_lo_hi(b[:, 2:18]) - 8).float()
-    if qtype == 3:
+    if qtype == T.Q4_1:
         return _f16(b[:, 0:2])[:, None] * _lo_hi(b[:, 4:20]).float() + _f16(b[:, 2:4])[:, None]
-    if qtype in (6, 7):
-        off = 2 if qtype == 6 else 4
+    if qtype in (T.Q5_0, T.Q5_1):
+        off = 2 if qtype == T.Q5_0 else 4
         qh = b[:, off:off + 4].to(torch.int64)
         qh = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
         bits = ((qh[:, None] >> torch.arange(32, device=b.device)) & 1).to(torch.int32)
         q = _lo_hi(b[:, off + 4:off + 20]) | (bits << 4)
-        if qtype == 6:
+        if qtype == T.Q5_0:
             return _f16(b[:, 0:2])[:, None] * (q - 16).float()
         return _f16(b[:, 0:2])[:, None] * q.float() + _f16(b[:, 2:4])[:, None]
-    if qtype == 39:
-        e = b[:, 0].to(torch.int32)
-        scale = torch.ldexp(torch.ones_like(e, dtype=torch.float32), e - 128)
-        lut = torch.tensor(_MXFP4_VALUES, dtype=torch.float32, device=b.device)
-        return lut[_lo_hi(b[:, 1:17]).long()] * scale[:, None]
-    if qtype == 12:
+    if qtype == T.MXFP4:
+        return dequantize_mxfp4_ggml_blocks(b)
+    if qtype == T.Q4_K:
         d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
         sc, mn = _scale_min_k4(b[:, 4:16])
         qs = b[:, 16:144].reshape(-1, 4, 32).to(torch.int32)
         q = torch.stack([qs & 0xF, qs >> 4], dim=2).reshape(-1, 8, 32).float()  # sub-block 2j: low, 2j+1: high
         y = d[:, None, None] * sc[..., None].float() * q - dmin[:, None, None] * mn[..., None].float()
         return y.reshape(-1, 256)
-    if qtype == 14:
+    if qtype == T.Q6_K:
         ql = b[:, 0:128].reshape(-1, 2, 64).to(torch.int32)
         qh = b[:, 128:192].reshape(-1, 2, 32).to(torch.int32)
         sc = b[:, 192:208].view(torch.int8).reshape(-1, 2, 8).float()
@@ -85,15 +86,14 @@ def _dequant_blocks(b: torch.Tensor, qtype: int) -> torch.Tensor:
         y = d[:, None, None, None] * sc[..., None] * q
         return y.reshape(-1, 256)
     raise NotImplementedError(f"winport ggml_dequantize: GGML type {qtype} is not implemented "
-                              f"(supported: {sorted(BLOCK)})")
+                              f"(supported: {sorted(int(t) for t in BLOCK)})")
 
 
 def dequantize(w: torch.Tensor, qtype: int, m: int, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
     """uint8 [m, bytes] (or any shape with m*bytes bytes) -> [m, n] of dtype (default float16)."""
     dtype = dtype or torch.float16
-    if qtype in (0, 1, 30):
-        src = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}[qtype]
-        return w.contiguous().view(torch.uint8).view(src).reshape(m, n).to(dtype)
+    if qtype in _PLAIN:
+        return w.contiguous().view(torch.uint8).view(_PLAIN[qtype]).reshape(m, n).to(dtype)
     if qtype not in BLOCK:
         _dequant_blocks(w[:0], qtype)
     vals, nbytes = BLOCK[qtype]

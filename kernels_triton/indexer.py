@@ -34,11 +34,10 @@ import triton
 import triton.language as tl
 
 from kernels_triton import _dispatch
+from kernels_triton.formats.codecs import E4M3_DTYPE as FP8_DTYPE
+from kernels_triton.formats.codecs import e2m1_decode, e8m0_shift_to_float, unpack_nibbles, unpack_ue8m0_int32
 from kernels_triton.sparse_mla import interpreting, mma
 
-FP8_DTYPE = torch.float8_e4m3fn
-# e2m1 code -> value (bit 3 = sign)
-_E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 _REF_BYTES = 256 << 20
 
 
@@ -47,22 +46,11 @@ _REF_BYTES = 256 << 20
 # ----------------------------------------------------------------------------------------------
 
 
-def _e2m1_values(code: torch.Tensor) -> torch.Tensor:
-    """e2m1 codes (int, bit 3 = sign) -> fp32, computed on the codes' device: the same exact values as
-    the `_E2M1` table without a host-to-device copy of it (which a CUDA graph cannot capture)."""
-    e = (code >> 1) & 3
-    m = (code & 1).to(torch.float32)
-    mag = torch.where(e == 0, m * 0.5, (1.0 + m * 0.5) * torch.exp2((e - 1).to(torch.float32)))
-    return torch.where((code >> 3) == 1, -mag, mag)
-
-
 def dequant_fp4_reference(packed: torch.Tensor, sf: torch.Tensor) -> torch.Tensor:
     """Packed e2m1 `[..., D/2]` + packed UE8M0 int32 `[...]` (4 bytes, one per 32 values) -> fp32 `[..., D]`."""
-    p = packed.view(torch.uint8).to(torch.int64)
-    vals = torch.stack([_e2m1_values(p & 0xF), _e2m1_values(p >> 4)], dim=-1).flatten(-2)  # [..., D]
+    vals = e2m1_decode(unpack_nibbles(packed))  # [..., D], computed on the device (graph-capturable)
     d = vals.shape[-1]
-    exps = sf.to(torch.int32).contiguous().view(torch.uint8).view(*sf.shape, 4).to(torch.int32)
-    scale = (exps << 23).view(torch.float32)  # 2**(e-127), exact
+    scale = e8m0_shift_to_float(unpack_ue8m0_int32(sf.to(torch.int32).unsqueeze(-1)))  # [..., 4]: 2**(e-127)
     n_groups = d // 32
     return (vals.view(*vals.shape[:-1], n_groups, 32) * scale[..., :n_groups, None]).flatten(-2)
 

@@ -69,6 +69,8 @@ import triton
 import triton.language as tl
 
 from kernels_triton import _env
+from kernels_triton.formats import MXFP4_GROUP
+from kernels_triton.formats.codecs import dequantize_mxfp4
 from kernels_triton.fp8_gemm import _round_bf16  # the same nearest-even interpreter stand-in
 from kernels_triton.moe_align import moe_align_block_size_ref
 from kernels_triton.moe_sum import moe_sum_triton
@@ -76,8 +78,6 @@ from kernels_triton.moe_sum import moe_sum_triton
 if TYPE_CHECKING:
     from kernels_triton.mxfp4_moe_gemv import GemvMoeConfig
 
-MXFP4_GROUP = 32
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 @dataclass(frozen=True)
 class MoeConfig:
@@ -413,18 +413,12 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 
 
 def dequantize_mxfp4_ref(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Packed [..., N, K/2] codes + scales [..., N, K/32] (E8M0 bytes or fp32 values) -> `dtype` [..., N, K]."""
-    u = packed.view(torch.uint8)
-    codes = torch.stack([u & 0x0F, u >> 4], dim=-1).flatten(-2).long()
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)
-    if scale.dtype == torch.float32:
-        s = scale.to(torch.float64)
-    else:
-        e8 = scale.view(torch.uint8).to(torch.float64)
-        s = torch.where(e8 == 255, torch.full_like(e8, float("nan")), torch.exp2(e8 - 127))
-    if s.shape[-1] * MXFP4_GROUP != codes.shape[-1]:
-        raise ValueError(f"MXFP4 scale shape {tuple(scale.shape)} does not fit packed weight {tuple(packed.shape)}")
-    return (table[codes] * s.repeat_interleave(MXFP4_GROUP, dim=-1)).to(dtype)
+    """Packed [..., N, K/2] codes + scales [..., N, K/32] (E8M0 bytes or fp32 values) -> `dtype` [..., N, K].
+
+    kernels_triton.formats.codecs.dequantize_mxfp4 (the one MXFP4 reference); the kernel's inline
+    E2M1 and E8M0 decoding is checked against the formats tables by tests/ops/test_formats.py.
+    """
+    return dequantize_mxfp4(packed, scale, dtype)
 
 
 def mxfp4_moe_ref(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,

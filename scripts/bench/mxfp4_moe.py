@@ -46,6 +46,7 @@ from roofline import graph_time  # noqa: E402  (sibling module: scripts/bench is
 
 from kernels_triton import mxfp4_moe as mm  # noqa: E402
 from kernels_triton import mxfp4_moe_gemv as gv  # noqa: E402
+from kernels_triton.formats import E2M1_VALUES  # noqa: E402
 
 SWEEP = [mm.MoeConfig(16, 64, 128, 4, 3), mm.MoeConfig(16, 128, 128, 4, 3), mm.MoeConfig(16, 64, 256, 4, 4),
          mm.MoeConfig(16, 32, 128, 4, 4), mm.MoeConfig(32, 64, 128, 4, 3), mm.MoeConfig(64, 64, 64, 8, 3),
@@ -98,7 +99,7 @@ def copy_bandwidth(dev: str) -> float:
 
 def dequant_bf16(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Fast torch dequantization (baseline): packed [N, K/2] + E8M0 [N, K/32] -> bf16 [N, K]."""
-    table = torch.tensor(mm.E2M1_VALUES, dtype=torch.bfloat16, device=packed.device)
+    table = torch.tensor(E2M1_VALUES, dtype=torch.bfloat16, device=packed.device)
     u = packed.view(torch.uint8)
     w = table[torch.stack([u & 15, u >> 4], -1).flatten(-2).long()]
     s = torch.exp2(scale.view(torch.uint8).to(torch.float32) - 127).to(torch.bfloat16)

@@ -45,6 +45,20 @@ from __future__ import annotations
 import torch
 
 from kernels_triton._dispatch import first_rows
+from kernels_triton.formats import E4M3_MAX as FP8_MAX
+from kernels_triton.formats import (
+    INDEXER_FP4_BYTES,
+    INDEXER_FP8_BYTES,
+    V4_DATA_BYTES,
+    V4_SCALE_BYTES,
+    V4_TILE,
+)
+from kernels_triton.formats import V4_DIM_NOPE as V4_NOPE
+from kernels_triton.formats import V4_DIM_ROPE as ROPE_DIM
+from kernels_triton.formats import v4_page_bytes as _v4_page_bytes
+from kernels_triton.formats.codecs import e2m1_encode, e8m0_shift_to_float, to_e4m3_bytes
+from kernels_triton.formats.codecs import ue8m0_exponent as _ue8m0
+from kernels_triton.formats.codecs import ue8m0_inverse as _inv_ue8m0
 
 __all__ = [
     "compress_norm_rope_store",
@@ -72,26 +86,13 @@ __all__ = [
 ]
 
 # ------------------------------------------------------------------------------------------------
-# Layout constants (facts from SGLang 0.5.23's compress_v2.cuh, kv_layout.cuh, fused_norm_rope_v2.cuh)
+# Layout constants (facts from SGLang 0.5.23's compress_v2.cuh, kv_layout.cuh, fused_norm_rope_v2.cuh;
+# the V4 cache and indexer cache byte layouts are in kernels_triton.formats)
 # ------------------------------------------------------------------------------------------------
 PLAN_BYTES = 16  # DecodePlan and CompressPlan
 WRITE_PLAN_BYTES = 8  # WritePlan
-ROPE_DIM = 64
-FP8_MAX = 448.0
 QUANT_EPS = 1e-4  # the fused kernels clamp amax at 1e-4 before deriving a scale
-V4_NOPE = 448
-V4_TILE = 64
-V4_DATA_BYTES = 576  # 448 fp8 + 64 bf16
-V4_SCALE_BYTES = 8  # 7 UE8M0 + 1 pad (the pad byte is never written)
-V4_PAGE_ALIGN = 576
-INDEXER_FP8_BYTES = 132  # 128 fp8 + one fp32 scale
-INDEXER_FP4_BYTES = 68  # 64 bytes of e2m1 pairs + 4 UE8M0 scales
 _U32_INVALID = -1  # 0xFFFFFFFF read as int32
-
-
-def _v4_page_bytes(page_size: int) -> int:
-    """A V4 cache page: `page_size` x 584 bytes padded up to a multiple of 576 (FlashMLA's row stride)."""
-    return -(-page_size * (V4_DATA_BYTES + V4_SCALE_BYTES) // V4_PAGE_ALIGN) * V4_PAGE_ALIGN
 
 
 def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -635,29 +636,12 @@ def _hadamard128(x: torch.Tensor) -> torch.Tensor:
     return (y * torch.rsqrt(torch.full((), 128.0, device=x.device))).reshape(shape)
 
 
-def _ue8m0(x: torch.Tensor) -> torch.Tensor:
-    """Smallest power of two >= positive fp32 x, as its biased exponent (int32): exp + (mantissa != 0)."""
-    bits = x.float().contiguous().view(torch.int32)
-    return ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-
-
-def _inv_ue8m0(e: torch.Tensor) -> torch.Tensor:
-    """2 ** (127 - e) as fp32 (exact: built from its bits)."""
-    return ((254 - e).to(torch.int32) << 23).view(torch.float32)
-
-
-def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Saturating fp32 -> e4m3 (round to nearest even) as raw bytes."""
-    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+_to_e4m3 = to_e4m3_bytes  # saturating fp32 -> e4m3 bytes (round to nearest even)
 
 
 def _e2m1_code(x: torch.Tensor) -> torch.Tensor:
-    """e2m1 code of fp32 x: magnitude index by the midpoints (ties down), sign bit only for nonzero codes."""
-    ax = x.abs().clamp(max=6.0)
-    idx = torch.zeros_like(ax, dtype=torch.int32)
-    for t in (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0):
-        idx += (ax > t).to(torch.int32)
-    return torch.where((x < 0) & (idx != 0), idx | 8, idx)
+    """e2m1 code of fp32 x, ties down (threshold rounding, SGLang's FP4 indexer store)."""
+    return e2m1_encode(x, ties="down")
 
 
 def _pages(kvcache: torch.Tensor, page_bytes: int) -> torch.Tensor:
@@ -1063,15 +1047,7 @@ def fused_store_cache_indexer(input: torch.Tensor, cache: torch.Tensor, indices:
 
 def _e2m1_code_rne(x: torch.Tensor) -> torch.Tensor:
     """e2m1 code of fp32 x rounded to nearest with ties to the even code (0.25 -> 0, 0.75 -> 1.0, ...)."""
-    ax = x.abs().clamp(max=6.0)
-    bounds = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-    idx = torch.zeros_like(ax, dtype=torch.int32)
-    tie = torch.zeros_like(ax, dtype=torch.bool)
-    for t in bounds:
-        idx += (ax >= t).to(torch.int32)
-        tie |= ax == t
-    idx = torch.where(tie & (idx % 2 == 1), idx - 1, idx)
-    return torch.where((x < 0) & (idx != 0), idx | 8, idx)
+    return e2m1_encode(x, ties="even")
 
 
 def store_fp4_index_k_cache(input: torch.Tensor, cache: torch.Tensor, loc: torch.Tensor, page_size: int,
@@ -1096,7 +1072,7 @@ def store_fp4_index_k_cache(input: torch.Tensor, cache: torch.Tensor, loc: torch
     pages = _pages(cache, INDEXER_FP4_BYTES * page_size)
     groups = rows.float().reshape(-1, 4, 32)
     e = _ue8m0(torch.clamp(groups.abs().amax(-1) / 6.0, min=QUANT_EPS)).clamp(1, 254)
-    scaled = groups / (e.to(torch.int32) << 23).view(torch.float32).unsqueeze(-1)
+    scaled = groups / e8m0_shift_to_float(e).unsqueeze(-1)
     codes = (_e2m1_code_rne if rne else _e2m1_code)(scaled).reshape(-1, 128)
     packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
     slot = loc.reshape(-1).to(torch.int64)

@@ -669,9 +669,13 @@ class _NoLaunch:
 
 
 def test_e2m1_values_match_the_table() -> None:
-    """kernels_triton.indexer computes e2m1 values on the device instead of copying its table there."""
-    got = IX._e2m1_values(torch.arange(16))
-    assert _same_bits(got, torch.tensor(IX._E2M1, dtype=torch.float32))  # -0.0 included
+    """The indexer's FP4 dequantization computes e2m1 values on the device instead of copying the table there."""
+    from kernels_triton.formats import E2M1_VALUES
+    from kernels_triton.formats.codecs import e2m1_decode
+
+    got = e2m1_decode(torch.arange(16))
+    assert _same_bits(got, torch.tensor(E2M1_VALUES, dtype=torch.float32))  # -0.0 included
+    assert _run_on_meta(e2m1_decode, torch.arange(16)).device.type == "meta"
 
 
 def test_indexer_triton_wrapper_is_capturable(monkeypatch: pytest.MonkeyPatch) -> None:

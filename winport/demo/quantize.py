@@ -38,13 +38,19 @@ from typing import Any
 
 import torch
 
-FP8_MAX = 448.0
-MXFP4_BLOCK = 32
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-# Midpoints between neighbouring E2M1 magnitudes: a magnitude above midpoint i rounds to code i+1.
-_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-DEFAULT_BLOCK = (128, 128)  # DeepSeek-V4
-V41_BLOCK = (32, 32)  # DeepSeek-V4.1 (SGLang's _dequant_fp8: "V4 128x128, V4.1 32x32")
+from kernels_triton.formats import E2M1_MIDPOINTS as _E2M1_MIDPOINTS  # noqa: F401 (tests read the ties)
+from kernels_triton.formats import E4M3_MAX as FP8_MAX  # noqa: F401
+from kernels_triton.formats import FP8_BLOCK_V4 as DEFAULT_BLOCK
+from kernels_triton.formats import FP8_BLOCK_V41 as V41_BLOCK
+from kernels_triton.formats import MXFP4_GROUP as MXFP4_BLOCK  # noqa: F401
+
+# The quantizers are the formats module's references (re-exported: the demo's own API).
+from kernels_triton.formats.codecs import (  # noqa: F401
+    dequantize_fp8_block,
+    dequantize_mxfp4,
+    quantize_fp8_block,
+    quantize_mxfp4,
+)
 
 # DeepSeek's original names of the dense matrices its checkpoint stores in FP8: the decoder layers'
 # (`layers.L.`) and the DSpark draft stages' (`mtp.S.`, same sublayer names), plus V4.1's engram
@@ -67,107 +73,6 @@ def quantization_config(block: tuple[int, int] = DEFAULT_BLOCK) -> dict[str, Any
     """config.json's quantization_config for the FP8 + MXFP4 checkpoint (DeepSeek's own keys)."""
     return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "scale_fmt": "ue8m0",
             "weight_block_size": list(block)}
-
-
-def _check_matrix(w: torch.Tensor, name: str) -> torch.Tensor:
-    if w.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D weight, got shape {tuple(w.shape)}")
-    if not w.is_floating_point():
-        raise ValueError(f"{name}: expected a floating-point weight, got {w.dtype}")
-    x = w.detach().to(torch.float32)
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{name}: weight has NaN or Inf values")
-    return x
-
-
-def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = DEFAULT_BLOCK,
-                       name: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] -> (float8_e4m3fn [N, K], float8_e8m0fnu scales [ceil(N/bn), ceil(K/bk)])."""
-    x = _check_matrix(w, name)
-    bn, bk = block
-    n, k = x.shape
-    sn, sk = -(-n // bn), -(-k // bk)
-    padded = torch.zeros(sn * bn, sk * bk, dtype=torch.float32)
-    padded[:n, :k] = x
-    tiles = padded.view(sn, bn, sk, bk)
-    amax = tiles.abs().amax(dim=(1, 3))
-    # An all-zero block gets scale 1 (any scale represents it exactly).
-    exponent = torch.where(amax > 0, torch.ceil(torch.log2(amax.clamp(min=1e-38) / FP8_MAX)),
-                           torch.zeros_like(amax))
-    scale = torch.exp2(exponent)
-    q = (tiles / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.view(sn * bn, sk * bk)[:n, :k].contiguous(), scale.to(torch.float8_e8m0fnu)
-
-
-def dequantize_fp8_block(q: torch.Tensor, scale: torch.Tensor,
-                         block: tuple[int, int] | None = None) -> torch.Tensor:
-    """(e4m3 [N, K], scales [sn, sk]) -> float32 [N, K].
-
-    Without `block` the block size follows from the shapes, which needs N and K to be multiples of
-    it (true of every DeepSeek matrix); a ragged edge block needs the block size given.
-    """
-    if q.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"FP8 weight must be float8_e4m3fn, got {q.dtype}")
-    n, k = q.shape
-    sn, sk = scale.shape
-    if block is None:
-        if n % sn or k % sk:
-            raise ValueError(f"scale grid {tuple(scale.shape)} does not divide weight {tuple(q.shape)}; "
-                             "give the block size")
-        block = (n // sn, k // sk)
-    bn, bk = block
-    if -(-n // bn) != sn or -(-k // bk) != sk:
-        raise ValueError(f"scale grid {tuple(scale.shape)} does not fit weight {tuple(q.shape)} in blocks {block}")
-    s = scale.to(torch.float32).repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
-    return q.to(torch.float32) * s
-
-
-def _e2m1_codes(m: torch.Tensor) -> torch.Tensor:
-    """Magnitudes (already divided by the block scale) -> E2M1 magnitude codes 0..7, ties to even."""
-    mids = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float32)
-    lower = torch.searchsorted(mids, m.contiguous(), right=False)  # midpoints strictly below m
-    tie = (lower < len(mids)) & (mids[lower.clamp(max=len(mids) - 1)] == m)
-    # At a tie between codes `lower` and `lower + 1`, take the even one (even mantissa bit).
-    code = torch.where(tie & (lower % 2 == 1), lower + 1, lower)
-    return code.clamp(max=7)
-
-
-def quantize_mxfp4(w: torch.Tensor, name: str = "tensor", amax_slack: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] (K % 32 == 0) -> (int8 [N, K/2] packed E2M1 pairs, float8_e8m0fnu [N, K/32]).
-
-    ``amax_slack``: each block's exponent is taken from amax * (1 + amax_slack); a small slack finds
-    the original scale again for values that are MXFP4 values plus a rounding error that may have
-    pulled a power-of-two maximum just below it (winport.gguf.convert._experts_to_mxfp4)."""
-    x = _check_matrix(w, name)
-    n, k = x.shape
-    if k % MXFP4_BLOCK:
-        raise ValueError(f"{name}: MXFP4 needs the input dim divisible by {MXFP4_BLOCK}, got {k}")
-    blocks = x.view(n, k // MXFP4_BLOCK, MXFP4_BLOCK)
-    amax = blocks.abs().amax(-1) * (1.0 + amax_slack)
-    # floor(log2(amax)) from frexp (exact, unlike log2 near powers of two): amax = f * 2^e, f in [0.5, 1).
-    _, e = torch.frexp(amax)
-    exponent = torch.where(amax > 0, (e - 1 - 2).to(torch.float32), torch.full_like(amax, -127.0))
-    exponent = exponent.clamp(-127.0, 127.0)
-    scale = torch.exp2(exponent)
-    m = (blocks.abs() / scale[..., None]).view(n, k)
-    code = _e2m1_codes(m)
-    sign = (x < 0) & (code > 0)  # no negative zero: a value that rounds to 0 is code 0
-    nibble = (code + 8 * sign.to(code.dtype)).to(torch.uint8)
-    packed = nibble[:, 0::2] | (nibble[:, 1::2] << 4)
-    return packed.view(torch.int8), scale.to(torch.float8_e8m0fnu)
-
-
-def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """(int8/uint8 [N, K/2] packed codes, e8m0 [N, K/32]) -> float32 [N, K]."""
-    if packed.dtype not in (torch.int8, torch.uint8):
-        raise ValueError(f"MXFP4 weight must be int8 or uint8, got {packed.dtype}")
-    n, half = packed.shape
-    if scale.shape != (n, half * 2 // MXFP4_BLOCK):
-        raise ValueError(f"MXFP4 scale shape {tuple(scale.shape)} does not fit packed weight {tuple(packed.shape)}")
-    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
-    u = packed.view(torch.uint8)
-    codes = torch.stack([u & 0x0F, u >> 4], dim=-1).view(n, half * 2).long()
-    return table[codes] * scale.to(torch.float32).repeat_interleave(MXFP4_BLOCK, dim=1)
 
 
 def quantize_state_dict(tensors: dict[str, torch.Tensor],

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-NOPE_DIMS = 448
-TILE = 64
+from kernels_triton.formats import E4M3_MAX
+from kernels_triton.formats import V4_DIM_NOPE as NOPE_DIMS
+from kernels_triton.formats import V4_TILE as TILE
 
 
 def fp8_kv_round_trip(x: torch.Tensor) -> torch.Tensor:
@@ -25,8 +26,8 @@ def fp8_kv_round_trip(x: torch.Tensor) -> torch.Tensor:
     nope = x[..., :NOPE_DIMS].float()
     tiles = nope.reshape(*nope.shape[:-1], NOPE_DIMS // TILE, TILE)
     amax = tiles.abs().amax(-1, keepdim=True).clamp(min=1e-4)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
-    q = (tiles / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale
+    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
+    q = (tiles / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * scale
     return torch.cat([q.reshape(nope.shape).to(x.dtype), x[..., NOPE_DIMS:]], dim=-1)
 
 
@@ -46,10 +47,10 @@ def fp8_activation_round_trip(x: torch.Tensor, *, ue8m0: bool = False) -> torch.
     to a power of two when `ue8m0` (checkpoints whose quantization_config says scale_fmt ue8m0)."""
     shape = x.shape
     g = x.float().reshape(*shape[:-1], shape[-1] // 128, 128)
-    scale = g.abs().amax(-1, keepdim=True).clamp_min(1e-10) / 448.0
+    scale = g.abs().amax(-1, keepdim=True).clamp_min(1e-10) / E4M3_MAX
     if ue8m0:
         scale = torch.exp2(torch.ceil(torch.log2(scale)))
-    return ((g / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale).reshape(shape).to(x.dtype)
+    return ((g / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * scale).reshape(shape).to(x.dtype)
 
 
 # transformers' names of the linears whose checkpoint weights are FP8 blocks and that SGLang runs as

@@ -37,10 +37,10 @@ from typing import Any
 
 import torch
 
+from kernels_triton.formats.codecs import quantize_fp8_block
 from winport.demo.weights import _generator, _storage_dtype, _value, demo_state_dict
 
 ENGRAM_BLOCK = 32  # values per E8M0 scale in an engram row (SGLang's FP8_BLOCK_SIZE)
-E4M3_MAX = 448.0
 
 
 def v4_base_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -108,11 +108,7 @@ def quantize_engram_rows(rows: torch.Tensor, block: int = ENGRAM_BLOCK) -> tuple
     n, dim = rows.shape
     if dim % block:
         raise ValueError(f"engram row width {dim} is not a multiple of the scale block {block}")
-    blocks = rows.float().view(n, dim // block, block)
-    amax = blocks.abs().amax(-1).clamp_min(1e-30)
-    scale = torch.exp2(torch.ceil(torch.log2(amax / E4M3_MAX)))
-    q = (blocks / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).view(n, dim)
-    return q, scale.to(torch.float8_e8m0fnu)
+    return quantize_fp8_block(rows, (1, block), "engram rows")  # the block-FP8 rule, one row per block
 
 
 def _linear(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -14,37 +14,25 @@ from typing import Any
 
 import numpy as np
 
+from kernels_triton.formats import E4M3FN_VALUES as _E4M3FN_VALUES
+from kernels_triton.formats import E8M0_HALF_VALUES as _E8M0_HALF_VALUES
+from kernels_triton.formats import E8M0_VALUES as _E8M0_VALUES
+from kernels_triton.formats import GGML_KVALUES_MXFP4
 from winport import envs
 
 from .errors import GGUFError
 from .types import GGML_TYPES, PLAIN_DTYPES
 
+# Format tables from kernels_triton.formats (their one home), as float32 arrays for the gathers.
 # E2M1 code -> value doubled (ggml's kvalues_mxfp4); MXFP4/NVFP4 halve it through their scales.
-KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+KVALUES_MXFP4 = np.array(GGML_KVALUES_MXFP4, dtype=np.float32)
 # IQ4_NL / IQ4_XS non-linear 4-bit code book.
 KVALUES_IQ4NL = np.array(
     [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32
 )
-
-
-def _e4m3fn_table() -> np.ndarray:
-    """All 256 FP8 e4m3fn values (bias 7, no infinities, S.1111.111 = NaN)."""
-    codes = np.arange(256)
-    sign = np.where(codes & 0x80, -1.0, 1.0)
-    exp = (codes >> 3) & 0xF
-    man = (codes & 7).astype(np.float64)
-    val = np.where(exp == 0, man / 8.0 * 2.0**-6, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
-    val = sign * val
-    val[(codes & 0x7F) == 0x7F] = np.nan
-    return val.astype(np.float32)
-
-
-E4M3FN_VALUES = _e4m3fn_table()
-# E8M0 byte -> 2^(e-127); e=255 is NaN in the OCP MX spec.
-E8M0_VALUES = np.ldexp(1.0, np.arange(255) - 127).astype(np.float32)
-E8M0_VALUES = np.append(E8M0_VALUES, np.float32(np.nan))
-# ggml's MXFP4 multiplies doubled E2M1 codes by 2^(e-128).
-E8M0_HALF_VALUES = np.ldexp(1.0, np.arange(256) - 128).astype(np.float32)
+E4M3FN_VALUES = np.array(_E4M3FN_VALUES, dtype=np.float32)  # all 256 bytes; 0x7F and 0xFF are NaN
+E8M0_VALUES = np.array(_E8M0_VALUES, dtype=np.float32)  # byte -> 2^(e-127); 255 is NaN (OCP MX)
+E8M0_HALF_VALUES = np.array(_E8M0_HALF_VALUES, dtype=np.float32)  # ggml's MXFP4: 2^(e-128), every byte
 
 
 def _f16(b: np.ndarray) -> np.ndarray:

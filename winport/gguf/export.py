@@ -26,17 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from kernels_triton.formats import GGML_BLOCKS, GGMLType
+
 from . import hparams as _hp
 from . import names as _names
 from .reader import GGUFError
 
-Q8_0_BLOCK = 32
-Q8_0_BYTES = 34  # fp16 scale + 32 int8
-MXFP4_BLOCK = 32
-MXFP4_BYTES = 17  # one E8M0 exponent + 32 E2M1 codes (two per byte)
-MXFP8_BLOCK = 256  # fork type 43 (winport.gguf.types): 8 E8M0 scales, then 256 e4m3 values
-MXFP8_BYTES = 264
-MXFP8_TYPE_ID = 43
+Q8_0_BLOCK, Q8_0_BYTES = GGML_BLOCKS[GGMLType.Q8_0]  # fp16 scale + 32 int8
+MXFP4_BLOCK, MXFP4_BYTES = GGML_BLOCKS[GGMLType.MXFP4]  # one E8M0 exponent + 32 E2M1 codes (two per byte)
+MXFP8_BLOCK, MXFP8_BYTES = GGML_BLOCKS[GGMLType.MXFP8]  # fork type 43: 8 E8M0 scales, then 256 e4m3 values
+MXFP8_TYPE_ID = int(GGMLType.MXFP8)
 # Checkpoint tensors and config keys of the V4.1 vision tower: written to the mmproj GGUF only.
 _VISION_PREFIXES = ("vision.", "aligner.", "image_")
 VISION_CONFIG_PREFIXES = ("vision_", "image_token_id")

@@ -39,17 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from kernels_triton.formats import GGML_BLOCKS, GGMLType
 from winport import envs
 
-MXFP4_BLOCK_VALUES = 32
-MXFP4_BLOCK_BYTES = 17
-
-# E2M1 code -> value. ggml stores the table doubled (kvalues_mxfp4 = 0,1,2,3,4,6,8,12 ...) and
-# halves through the exponent; the plain values are used here so value = E2M1[code] * 2^(e-127).
-E2M1_VALUES = np.array(
-    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-    dtype=np.float64,
-)
+MXFP4_BLOCK_VALUES, MXFP4_BLOCK_BYTES = GGML_BLOCKS[GGMLType.MXFP4]  # 32 values in 17 bytes
 
 def _c(v: int) -> np.ndarray:
     """A uint64 constant as a 0-d array: numpy takes these ~35% faster per call than numpy scalars."""
@@ -290,10 +283,12 @@ def gguf_mxfp4_to_kt(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray,
 
 
 def dequant_kt_mxfp4(packed: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """Float64 reference dequantization of kt-kernel's MXFP4 layout (for tests and checks)."""
-    rows, half = packed.shape
-    codes = np.empty((rows, half * 2), dtype=np.uint8)
-    codes[:, 0::2] = packed & 0x0F
-    codes[:, 1::2] = packed >> 4
-    scale = np.ldexp(1.0, scales.astype(np.int32) - 127)
-    return E2M1_VALUES[codes] * np.repeat(scale, MXFP4_BLOCK_VALUES, axis=1)
+    """Float64 dequantization of kt-kernel's MXFP4 layout (for tests and checks): the MXFP4
+    reference, kernels_triton.formats.codecs.dequantize_mxfp4, on numpy arrays (E8M0 255 is NaN)."""
+    import torch
+
+    from kernels_triton.formats.codecs import dequantize_mxfp4
+
+    p = torch.from_numpy(np.ascontiguousarray(packed, dtype=np.uint8))
+    s = torch.from_numpy(np.ascontiguousarray(scales, dtype=np.uint8))
+    return dequantize_mxfp4(p, s, torch.float64).numpy()

@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+from kernels_triton.formats import FORK_TYPES, GGML_BLOCKS, GGMLType
+
+__all__ = ["GGML_MAX_DIMS", "GGML_QUANT_SIZES_EXCEPTIONS", "GGML_TYPES", "GGML_TYPES_BY_NAME", "GGMLType",
+           "GGMLTypeInfo", "GGUFValueType", "GGUF_DEFAULT_ALIGNMENT", "GGUF_MAGIC", "GGUF_SUPPORTED_VERSIONS",
+           "PLAIN_DTYPES", "SCALAR_VALUE_DTYPES"]
+
 GGUF_MAGIC = b"GGUF"
 GGUF_SUPPORTED_VERSIONS = (2, 3)
 GGUF_DEFAULT_ALIGNMENT = 32
@@ -31,93 +37,11 @@ class GGMLTypeInfo:
         return n_values // self.block_size * self.type_size
 
 
-# id -> (name, block_size, type_size, origin). Ids 4/5 (Q4_2/Q4_3) and 31-33/36-38 were removed
-# from ggml; files using them are rejected as unknown.
-_TYPE_ROWS: tuple[tuple[int, str, int, int, str], ...] = (
-    (0, "F32", 1, 4, "ggml"),
-    (1, "F16", 1, 2, "ggml"),
-    (2, "Q4_0", 32, 18, "ggml"),
-    (3, "Q4_1", 32, 20, "ggml"),
-    (6, "Q5_0", 32, 22, "ggml"),
-    (7, "Q5_1", 32, 24, "ggml"),
-    (8, "Q8_0", 32, 34, "ggml"),
-    (9, "Q8_1", 32, 36, "ggml"),
-    (10, "Q2_K", 256, 84, "ggml"),
-    (11, "Q3_K", 256, 110, "ggml"),
-    (12, "Q4_K", 256, 144, "ggml"),
-    (13, "Q5_K", 256, 176, "ggml"),
-    (14, "Q6_K", 256, 210, "ggml"),
-    (15, "Q8_K", 256, 292, "ggml"),
-    (16, "IQ2_XXS", 256, 66, "ggml"),
-    (17, "IQ2_XS", 256, 74, "ggml"),
-    (18, "IQ3_XXS", 256, 98, "ggml"),
-    (19, "IQ1_S", 256, 50, "ggml"),
-    (20, "IQ4_NL", 32, 18, "ggml"),
-    (21, "IQ3_S", 256, 110, "ggml"),
-    (22, "IQ2_S", 256, 82, "ggml"),
-    (23, "IQ4_XS", 256, 136, "ggml"),
-    (24, "I8", 1, 1, "ggml"),
-    (25, "I16", 1, 2, "ggml"),
-    (26, "I32", 1, 4, "ggml"),
-    (27, "I64", 1, 8, "ggml"),
-    (28, "F64", 1, 8, "ggml"),
-    (29, "IQ1_M", 256, 56, "ggml"),
-    (30, "BF16", 1, 2, "ggml"),
-    (34, "TQ1_0", 256, 54, "ggml"),
-    (35, "TQ2_0", 256, 66, "ggml"),
-    (39, "MXFP4", 32, 17, "ggml"),
-    (40, "NVFP4", 64, 36, "ggml"),
-    (41, "Q1_0", 128, 18, "ggml"),
-    # Fork ids (not in mainline ggml). 42: one E8M0 byte + 128 FP8 e4m3 bytes (DeepSeek-V4 fork).
-    (42, "F8_E4M3_B128", 128, 129, "fork"),
-    # 43: 8 E8M0 bytes (one per 32 values) then 256 FP8 e4m3 bytes (MXFP8 fork contract).
-    (43, "MXFP8", 256, 264, "fork"),
-)
-
-
-class GGMLType(IntEnum):
-    """Known tensor type ids (mainline ggml plus the fork ids the port reads)."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q8_1 = 9
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    Q8_K = 15
-    IQ2_XXS = 16
-    IQ2_XS = 17
-    IQ3_XXS = 18
-    IQ1_S = 19
-    IQ4_NL = 20
-    IQ3_S = 21
-    IQ2_S = 22
-    IQ4_XS = 23
-    I8 = 24
-    I16 = 25
-    I32 = 26
-    I64 = 27
-    F64 = 28
-    IQ1_M = 29
-    BF16 = 30
-    TQ1_0 = 34
-    TQ2_0 = 35
-    MXFP4 = 39
-    NVFP4 = 40
-    Q1_0 = 41
-    F8_E4M3_B128 = 42
-    MXFP8 = 43
-
-
+# The type ids and their blocks are number-format facts shared with the kernels: kernels_triton.formats
+# (GGMLType, GGML_BLOCKS) is their one home; this module adds names and origins for the reader.
 GGML_TYPES: dict[int, GGMLTypeInfo] = {
-    tid: GGMLTypeInfo(tid, name, bs, ts, origin) for tid, name, bs, ts, origin in _TYPE_ROWS
+    int(t): GGMLTypeInfo(int(t), t.name, bs, ts, "fork" if t in FORK_TYPES else "ggml")
+    for t, (bs, ts) in GGML_BLOCKS.items()
 }
 GGML_TYPES_BY_NAME: dict[str, GGMLTypeInfo] = {t.name: t for t in GGML_TYPES.values()}
 

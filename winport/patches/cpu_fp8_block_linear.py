@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels_triton.formats.codecs import dequantize_fp8_block
 from winport.patches._base import register, require_source
 
 TARGET = "sglang.srt.layers.quantization.fp8.Fp8LinearMethod.process_weights_after_loading_block_quant"
@@ -27,16 +28,11 @@ TARGET = "sglang.srt.layers.quantization.fp8.Fp8LinearMethod.process_weights_aft
 
 def dequantize_block_fp8(weight: torch.Tensor, scale: torch.Tensor, block: list[int] | tuple[int, int],
                          dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """FP8 e4m3 [N, K] with per-[bn, bk] block scales (fp32 or e8m0) -> `dtype` [N, K]."""
-    if weight.dtype != torch.float8_e4m3fn:
-        raise ValueError(f"block-FP8 weight must be float8_e4m3fn, got {weight.dtype}")
-    bn, bk = block
-    n, k = weight.shape
-    if scale.shape != (-(-n // bn), -(-k // bk)):
-        raise ValueError(f"block-FP8 scale shape {tuple(scale.shape)} does not fit weight {tuple(weight.shape)} "
-                         f"in blocks {list(block)}")
-    s = scale.to(torch.float32).repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
-    return (weight.to(torch.float32) * s).to(dtype)
+    """FP8 e4m3 [N, K] with per-[bn, bk] block scales (fp32 or e8m0) -> `dtype` [N, K].
+
+    The block-FP8 reference of kernels_triton.formats.codecs, in float32, cast once to `dtype`.
+    """
+    return dequantize_fp8_block(weight, scale, (int(block[0]), int(block[1]))).to(dtype)
 
 
 def block_fp8_linear_w8a16(input: torch.Tensor, weight: torch.Tensor, block_size: list[int],  # noqa: A002

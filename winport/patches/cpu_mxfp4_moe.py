@@ -18,22 +18,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kernels_triton.formats.codecs import dequantize_mxfp4 as _dequantize_mxfp4
 from winport.patches._base import register, require_source
 
 PROCESS = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.process_weights_after_loading_block_quant"
 APPLY = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.apply"
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """int8 [N, K/2] (low nibble = column 2j) and E8M0-valued scales [N, K/32] -> `dtype` [N, K]."""
-    n, half = packed.shape
-    if scale.shape != (n, 2 * half // 32):
-        raise ValueError(f"MXFP4 scale shape {tuple(scale.shape)} does not fit packed weight {tuple(packed.shape)}")
-    u = packed.view(torch.uint8)
-    codes = torch.stack([u & 0x0F, u >> 4], dim=-1).view(n, 2 * half).long()
-    table = torch.tensor(E2M1, dtype=torch.float32, device=packed.device)
-    return (table[codes] * scale.to(torch.float32).repeat_interleave(32, dim=1)).to(dtype)
+    """int8 [N, K/2] (low nibble = column 2j) and E8M0-valued scales [N, K/32] -> `dtype` [N, K].
+
+    The MXFP4 reference of kernels_triton.formats.codecs (float32, cast once to `dtype`).
+    """
+    return _dequantize_mxfp4(packed, scale, torch.float32).to(dtype)
 
 
 def mxfp4_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
