@@ -17,6 +17,11 @@ import torch
 
 if not torch.cuda.is_available():  # before kernels_triton is imported (triton.jit reads it then)
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # As in the op suite (tests/ops/conftest.py): an interpreted kernel's access outside its tensors fails.
+    from tests.ops.triton_bounds import install as _install_bounds_check
+
+    _install_bounds_check()
 
 import json  # noqa: E402
 import time  # noqa: E402
@@ -214,7 +219,7 @@ HookRegistry.apply_hooks()
 from sglang.srt.layers.quantization import fp8
 fp8._is_cuda = True
 from kernels_triton.mxfp4_moe import mxfp4_moe
-from tests.serve.test_cuda_mxfp4_moe import T, H, _dispatch, _layer, _routing
+from tests.patches.test_cuda_mxfp4_moe import T, H, _dispatch, _layer, _routing
 gen = torch.Generator().manual_seed(SEED)
 method, layer, experts = _layer(gen)
 assert method.process_weights_after_loading_block_quant(layer) is None
