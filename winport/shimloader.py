@@ -19,24 +19,14 @@ import sys
 import types
 from collections.abc import Sequence
 
-from winport import envs
+from winport import envs, linux_only, winemu
 
 # Upstream import name -> pip distribution that provides it (for messages and `winport doctor`).
-SHIMMED_LIBRARIES: dict[str, str] = {
-    "sgl_kernel": "sglang-kernel",
-    "flashinfer": "flashinfer-python",
-    "flash_mla": "sgl-flash-mla",
-    "deep_gemm": "sgl-deep-gemm",
-    "flash_attn_interface": "flash-attn-3",
-    "tilelang": "tilelang",
-    "uvloop": "uvloop",  # no Windows build; asyncio's default loop stands in
-    "fcntl": "fcntl (POSIX-only standard library)",
-    "resource": "resource (POSIX-only standard library)",
-}
+SHIMMED_LIBRARIES: dict[str, str] = {**linux_only.SHIMMED_PACKAGES, **linux_only.POSIX_ONLY_MODULES}
 
 # Standard-library modules Windows lacks: their stand-ins are used only where the real module is
 # missing, never forced (WINPORT_SHIMS=force is for testing the kernel shims on Linux).
-STDLIB_STANDINS = frozenset({"fcntl", "resource"})
+STDLIB_STANDINS = frozenset(linux_only.POSIX_ONLY_MODULES)
 
 SHIM_PACKAGE = "shims"
 
@@ -67,8 +57,6 @@ class ShimFinder(importlib.abc.MetaPathFinder):
         self._decided: dict[str, bool] = {}
 
     def _real_exists(self, top: str) -> bool:
-        from winport import winemu  # local: winemu is stdlib-only too
-
         if winemu.is_blocked(top):
             return False
         for finder in sys.meta_path:

@@ -17,35 +17,12 @@ import sys
 import types
 from collections.abc import Callable, Sequence
 
-from winport import envs
+from winport import envs, linux_only
 
 ENV_VAR = envs.WINPORT_EMULATE_WINDOWS.name
 
-# Modules with no Windows build. The POSIX ones are missing from Windows CPython and SGLang imports
-# them without a platform check; other POSIX-only modules (termios, pwd, tty ...) stay importable
-# because the libraries that use them (huggingface_hub, getpass) branch on sys.platform first,
-# and blocking them would report Linux-branch imports Windows never runs. The rest have manylinux
-# wheels only (shared/WINDOWS_PROXY.md lists what exists for win_amd64).
-POSIX_ONLY_MODULES = frozenset({"fcntl", "resource"})
-LINUX_ONLY_PACKAGES = frozenset(
-    {
-        "uvloop",
-        "sgl_kernel",
-        "flashinfer",
-        "flash_mla",
-        "deep_gemm",
-        "flash_attn",
-        "flash_attn_interface",
-        "tilelang",
-        "deep_ep",
-        "cutlass",
-        "nvshmem",
-        "torch_memory_saver",
-        "quack",
-        "mooncake",
-    }
-)
-BLOCKED_MODULES = POSIX_ONLY_MODULES | LINUX_ONLY_PACKAGES
+# Modules with no Windows build (winport.linux_only says which and why).
+BLOCKED_MODULES = frozenset(linux_only.POSIX_ONLY_MODULES) | linux_only.LINUX_ONLY_PACKAGES
 
 # Functions Windows CPython does not have. SIGKILL stays: psutil's POSIX backend (which the
 # emulated process still runs on) needs it, while real Windows uses TerminateProcess.
@@ -161,9 +138,7 @@ def install() -> bool:
     # A None entry makes `import x` fail and importlib.util.find_spec("x") return None, which is
     # how probing libraries (transformers, SGLang) must see a missing package. Names winport
     # shims are left to the shim finder, which sits ahead of BlockFinder on sys.meta_path.
-    from winport.shimloader import SHIMMED_LIBRARIES
-
-    for name in BLOCKED_MODULES - set(SHIMMED_LIBRARIES):
+    for name in BLOCKED_MODULES - set(linux_only.SHIMMED_PACKAGES) - set(linux_only.POSIX_ONLY_MODULES):
         sys.modules[name] = None  # type: ignore[assignment]
     sys.meta_path.insert(0, BlockFinder())
     for name in REMOVED_OS_FUNCTIONS:

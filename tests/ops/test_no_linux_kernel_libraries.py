@@ -16,8 +16,10 @@ import json
 import pytest
 
 from tests.helpers import FAKE_SM90_CUDA, REPO_ROOT, run_python
+from winport import linux_only
 
-LIBRARIES = ("flash_mla", "deep_gemm", "tilelang", "sgl_kernel", "flashinfer", "flash_attn_interface")
+# The kernel libraries winport shims (uvloop, the other shimmed package, is no kernel library).
+LIBRARIES = tuple(sorted(set(linux_only.SHIMMED_PACKAGES) - {"uvloop"}))
 
 _PROBE = """
 import importlib, json, sys
