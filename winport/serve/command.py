@@ -412,6 +412,61 @@ def stop_tree(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> list[int]
     return [p.pid for p in tree]
 
 
+# How long the server gets to stop by itself after the stop signal: in-flight requests finish
+# (uvicorn), then the schedulers leave their loop (SGLang waits up to 15 s for them) and the rest is
+# killed (winport.patches.quiet_stop). A second Ctrl-C, or this bound, ends the wait.
+STOP_GRACE_S = 30.0
+
+
+def stop_signal() -> int:
+    """The signal that asks SGLang's launcher to stop in order: CTRL_BREAK on Windows (the one console
+    event a process group can be sent), SIGINT elsewhere."""
+    return signal.CTRL_BREAK_EVENT if sys.platform == "win32" else signal.SIGINT  # type: ignore[attr-defined]
+
+
+def stop_server(proc: subprocess.Popen[bytes], again: threading.Event | None = None,
+                grace_s: float = STOP_GRACE_S) -> list[int]:
+    """Stop the server the way SGLang expects: one stop signal to its launcher, which stops its
+    children in order (winport.patches.quiet_stop); then whatever is left of the tree, by force
+    (stop_tree). `again` is set by a second Ctrl-C, which cuts the wait short. Returns the pids."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    if proc.poll() is None:
+        if again is not None:
+            again.clear()
+        try:
+            proc.send_signal(stop_signal())
+        except OSError:
+            pass  # no console to send CTRL_BREAK through: stop_tree below does it by force
+        else:
+            deadline = time.monotonic() + grace_s
+            while proc.poll() is None and time.monotonic() < deadline and not (again and again.is_set()):
+                try:
+                    proc.wait(0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+    if proc.poll() is None:
+        stop_tree(proc, grace_s=5.0)
+    # What outlived the launcher (psutil checks each pid is still the process listed, not a reused one).
+    left = []
+    for p in tree:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=5)
+    from winport.patches.loopback_distributed import remove_store_files
+
+    remove_store_files(proc.pid)
+    return [p.pid for p in tree]
+
+
 def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
     for line in iter(stream.readline, b""):
         sink.write(line.decode(errors="replace"))
@@ -430,6 +485,10 @@ def run(plan: LaunchPlan) -> int:
     kwargs: dict[str, object] = {}
     if sys.platform == "win32":
         kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP  # type: ignore[attr-defined]
+    else:
+        # Its own session: a terminal's Ctrl-C reaches winport serve only, which stops the server in
+        # order (stop_server), as Windows' new process group does for the console's Ctrl-C.
+        kwargs["start_new_session"] = True
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
     threading.Thread(target=_pump, args=(proc.stdout, sys.stdout), daemon=True).start()
     stopping = threading.Event()
@@ -462,7 +521,7 @@ def run(plan: LaunchPlan) -> int:
         print("winport serve: stopping", flush=True)
         return 0
     finally:
-        pids = stop_tree(proc)
+        pids = stop_server(proc, stopping)
         if pids:
             print(f"winport serve: stopped {len(pids)} process(es)", flush=True)
 
@@ -475,4 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ServeError, VramError) as exc:
         print(f"winport serve: {exc}", file=sys.stderr)
         return 2
-    return run(plan)
+    code = run(plan)
+    # The server's processes are all stopped. Left is this interpreter's own teardown of torch and
+    # kt-kernel (imported only to plan the launch), which took 6-7 s of a stop on 2 busy cores and
+    # has nothing to save: skipped.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
