@@ -99,3 +99,18 @@ def test_targets_still_look_as_expected() -> None:
     proc = run_python("from winport.patches import quiet_stop as p; p.register_patch(); print('ok')")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_a_repeated_stop_signal_is_the_same_stop_not_uvicorns_force_exit() -> None:
+    import uvicorn
+
+    from winport.patches import quiet_stop
+
+    server = uvicorn.Server(uvicorn.Config(app=None))
+    quiet_stop._around_handle_exit(uvicorn.Server.handle_exit, server, signal.SIGINT, None)
+    assert server.should_exit and not server.force_exit
+    quiet_stop._around_handle_exit(uvicorn.Server.handle_exit, server, signal.SIGINT, None)
+    assert not server.force_exit, "a second SIGINT would skip the app's shutdown"
+    assert server._captured_signals == [signal.SIGINT], "the stop is re-raised into the launcher's handler once"
+    uvicorn.Server.handle_exit(server, signal.SIGINT, None)  # the control: stock uvicorn forces
+    assert server.force_exit

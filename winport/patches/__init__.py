@@ -7,6 +7,8 @@ from __future__ import annotations
 PATCHES: tuple[str, ...] = (
     "windows_signals",
     "zmq_tcp_endpoints",
+    "loopback_distributed",
+    "quiet_stop",
     "cpu_topology_without_lscpu",
     "cpu_pin_memory",
     "cpu_rope_without_scaling",

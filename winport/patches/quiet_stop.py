@@ -3,7 +3,8 @@
 Targets sglang 0.5.23 `srt/entrypoints/http_server.py` (`launch_server`, `_freeze_gc_after_server_warmup`),
 `srt/managers/tokenizer_manager.py` (`TokenizerManager.sigterm_watchdog`, the shutdown order this
 patch follows), `srt/utils/watchdog.py` (`SubprocessWatchdog`), the scheduler and detokenizer process
-entries, and uvicorn's `Server.capture_signals` (which re-raises the signal it stopped on).
+entries, and uvicorn's `Server.capture_signals` (which re-raises the signal it stopped on) and
+`Server.handle_exit` (where a second SIGINT forces the exit).
 
 Upstream, a stop signal reaches SGLang's launcher process in one of three ways, none of them quiet:
 - SIGINT (and SIGBREAK on Windows): uvicorn stops the HTTP server, then re-raises the signal into
@@ -22,8 +23,10 @@ ShutdownReq (they leave their loop and release their resources, as on upstream's
 are waited for (upstream's bound), the remaining children (detokenizer) are killed, and the
 process exits with 0. While uvicorn serves, it takes the signal first, closes the HTTP side
 (in-flight requests finish), and re-raises it into this handler. Scheduler and detokenizer
-processes ignore SIGINT and SIGBREAK: the launcher stops them, in order. `winport serve` sends its
-child exactly that one signal (winport/serve/command.py).
+processes ignore SIGINT and SIGBREAK: the launcher stops them, in order; and the launcher takes a
+repeated stop signal (the console's and `winport serve`'s) as the same stop, not as uvicorn's force
+exit. `winport serve` sends its child exactly one signal (winport/serve/command.py) and forces the
+stop itself on a second Ctrl-C or after its grace.
 
 Also: with --skip-server-warmup (winport's CPU default) SGLang's warm-up thread posts /freeze_gc
 as soon as the app starts, often before uvicorn listens, and logs a ConnectionRefusedError
@@ -49,6 +52,7 @@ FREEZE_TARGET = "sglang.srt.entrypoints.http_server._freeze_gc_after_server_warm
 WATCHDOG_TARGET = "sglang.srt.utils.watchdog.SubprocessWatchdog._check_processes"
 SCHEDULER_TARGET = "sglang.srt.managers.scheduler.configure_scheduler_process"
 DETOKENIZER_TARGET = "sglang.srt.managers.detokenizer_manager.DetokenizerManager.__init__"
+UVICORN_EXIT_TARGET = "uvicorn.server.Server.handle_exit"
 PORT_WAIT_S = 120.0  # what upstream's warm-up waits for the server to answer
 logger = logging.getLogger(__name__)
 
@@ -121,6 +125,15 @@ def _around_launch_server(original: Any, *args: Any, **kwargs: Any) -> Any:
     return original(*args, **kwargs)
 
 
+def _around_handle_exit(original: Any, server: Any, sig: int, frame: Any) -> Any:
+    if server.should_exit and sig in stop_signals():
+        # The same stop asked twice (a console's Ctrl-C/CTRL_BREAK reaches this process and `winport
+        # serve`, which passes it on): no force exit, which would skip the app's shutdown and log
+        # its cancellation. `winport serve` forces the stop itself on a second Ctrl-C or after its grace.
+        return None
+    return original(server, sig, frame)
+
+
 def _around_check_processes(original: Any, *args: Any, **kwargs: Any) -> Any:
     if _stopping.is_set():
         return True  # ends the watchdog's loop: children exit because they were told to
@@ -178,7 +191,9 @@ def register_patch() -> None:
     require_source(FREEZE_TARGET, 'server_args.url() + "/freeze_gc"')
     # uvicorn hands the signal on once the HTTP side is down: that is how this handler runs while it serves.
     require_source("uvicorn.server.Server.capture_signals", "signal.raise_signal(captured_signal)")
+    require_source(UVICORN_EXIT_TARGET, "self._captured_signals.append(sig)", "self.force_exit = True")
     register(LAUNCH_TARGET, _around_launch_server, "AROUND")
+    register(UVICORN_EXIT_TARGET, _around_handle_exit, "AROUND")
     register(WATCHDOG_TARGET, _around_check_processes, "AROUND")
     register(SCHEDULER_TARGET, _before_child, "BEFORE")
     register(DETOKENIZER_TARGET, _before_child, "BEFORE")
