@@ -78,6 +78,26 @@ def wait_ready(srv: Server, timeout_s: float = START_TIMEOUT_S) -> None:
         time.sleep(1)
 
 
+def listeners(srv: Server) -> list[tuple[int, str, str, str, int]]:
+    """Every listening TCP socket and bound UDP socket of the server's whole process tree, as
+    (pid, process name, "tcp"/"udp", address, port)."""
+    import psutil
+
+    root = psutil.Process(srv.proc.pid)
+    found = []
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            name = p.name()
+            for c in p.net_connections(kind="inet"):
+                if c.type == socket.SOCK_STREAM and c.status == psutil.CONN_LISTEN:
+                    found.append((p.pid, name, "tcp", c.laddr.ip, c.laddr.port))
+                elif c.type == socket.SOCK_DGRAM and c.laddr:
+                    found.append((p.pid, name, "udp", c.laddr.ip, c.laddr.port))
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
 def stop(srv: Server) -> None:
     """Ctrl-C the server if it still runs (as a user would), then kill it after a minute."""
     if srv.proc.poll() is None:
