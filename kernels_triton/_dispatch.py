@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 
 from kernels_triton import _env
 
 
 def use_triton(*tensors: torch.Tensor) -> bool:
-    """True when the Triton kernel should run: CUDA tensors, or CPU tensors under TRITON_INTERPRET=1.
+    """The one rule that picks a kernel's Triton path over its torch reference.
 
-    The shims call the torch reference on CPU; tests call the Triton entry points directly, so
-    the interpreter case only matters when a caller forces it (WINPORT_TRITON_ON_CPU=1).
+    Triton for CUDA tensors; the torch reference for anything else, unless Triton's interpreter is on
+    (TRITON_INTERPRET=1) and WINPORT_TRITON_ON_CPU=1 asks for the Triton code on CPU tensors (how
+    tests exercise it without a GPU). TRITON_INTERPRET=1 alone does not: `winport serve` sets it on
+    a CPU for SGLang's own Triton kernels, and the references are the fast CPU path. Every
+    Triton-or-torch choice in kernels_triton and shims goes through here; entry points named
+    `*_triton` always launch their kernel.
     """
+    if not _triton_importable():
+        return False
     if all(t.is_cuda for t in tensors):
         return True
     return _env.interpreting() and bool(_env.WINPORT_TRITON_ON_CPU.get())
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    """Whether Triton is installed (it is optional where only the torch references run)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:

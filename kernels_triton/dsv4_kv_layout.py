@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels_triton._dispatch import use_triton
 from kernels_triton.formats import E4M3_MAX as FP8_MAX
 from kernels_triton.formats import E8M0_BIAS as UE8M0_BIAS
 from kernels_triton.formats import V4_BYTES_PER_TOKEN as BYTES_PER_TOKEN
@@ -294,7 +295,7 @@ def gather_k_v4_triton(cache: torch.Tensor, token_ids: torch.Tensor, page_size: 
 
 def store_k_v4(k: torch.Tensor, cache: torch.Tensor, loc: torch.Tensor, page_size: int | None = None) -> None:
     """Quantize and store K rows into a V4 cache: Triton on CUDA, the torch reference elsewhere."""
-    if cache.is_cuda:
+    if use_triton(cache):
         store_k_v4_triton(k, cache, loc, page_size)
     else:
         store_k_v4_reference(k, cache, loc, page_size)
@@ -304,7 +305,7 @@ def dequantize_k_cache_paged_v4(quant_k_cache: torch.Tensor, page_table_1_flatte
                                 page_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """`dequantize_k_cache_paged_dsv4` for the V4 layout: `[N, 1, 512]` bf16 rows of the given ids."""
     n = page_table_1_flattened.numel()
-    if quant_k_cache.is_cuda:
+    if use_triton(quant_k_cache):
         res = gather_k_v4_triton(quant_k_cache, page_table_1_flattened, page_size,
                                  out=None if out is None else out.view(n, HEAD_DIM))
     else:

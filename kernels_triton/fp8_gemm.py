@@ -50,6 +50,7 @@ import math
 import torch
 
 from kernels_triton import _env
+from kernels_triton._dispatch import use_triton
 from kernels_triton.formats.codecs import expand_block_scales, unpack_ue8m0_int32
 
 try:  # Triton is optional on the CPU path (the reference needs only torch).
@@ -847,9 +848,7 @@ def _dequant_matmul(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_s
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    if not _HAVE_TRITON:
-        return False
-    return t.is_cuda or _env.interpreting()
+    return _HAVE_TRITON and use_triton(t)
 
 
 def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tensor, b_scale: torch.Tensor,
@@ -858,7 +857,7 @@ def fp8_block_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, b_fp8: torch.Tens
                    config: GemmConfig | GemvConfig | None = None) -> torch.Tensor:
     """Block-scaled FP8 GEMM `out = dequant(a) @ dequant(b)^T (+ c)`; layouts in the module docstring.
 
-    Dispatch: CUDA tensors (or TRITON_INTERPRET=1) -> Triton kernel; otherwise the torch reference.
+    Dispatch (kernels_triton._dispatch.use_triton): CUDA tensors -> Triton kernel; otherwise the torch reference.
     `out`, when given, is written in place (any strides) and returned. With 2-D operands, M = 1..3
     (and up to 6 rows where GEMV_TUNED says so) use the tensor-core-free GEMV kernel when the
     weight scale block is a multiple of 8 rows; an explicit `GemvConfig` selects it for any

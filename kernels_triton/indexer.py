@@ -412,14 +412,14 @@ def mqa_logits_triton(
 def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len):  # noqa: ANN001, ANN201
     """Paged indexer logits: Triton on CUDA, the torch reference elsewhere."""
     data = q[0] if isinstance(q, (tuple, list)) else q
-    fn = paged_mqa_logits_triton if data.is_cuda else paged_mqa_logits_reference
+    fn = paged_mqa_logits_triton if _dispatch.use_triton(data) else paged_mqa_logits_reference
     return fn(q, kv_cache, weights, context_lens, block_table, max_context_len)
 
 
 def mqa_logits(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k=0):  # noqa: ANN001, ANN201
     """Non-paged indexer logits: Triton on CUDA, the torch reference elsewhere."""
     data = q[0] if isinstance(q, (tuple, list)) else q
-    fn = mqa_logits_triton if data.is_cuda else mqa_logits_reference
+    fn = mqa_logits_triton if _dispatch.use_triton(data) else mqa_logits_reference
     return fn(q, kv, weights, cu_seqlen_ks, cu_seqlen_ke, max_seqlen_k)
 
 

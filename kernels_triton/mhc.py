@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels_triton import _env
+from kernels_triton._dispatch import use_triton
 
 try:
     import triton
@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
 
 
 def _use_triton(t: torch.Tensor) -> bool:
-    return _HAVE_TRITON and (t.is_cuda or _env.interpreting())
+    return _HAVE_TRITON and use_triton(t)
 
 
 # --------------------------------------------------------------------------------------------

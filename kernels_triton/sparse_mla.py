@@ -31,6 +31,7 @@ import triton.language as tl
 
 from kernels_triton import _env
 from kernels_triton import dsv4_kv_layout as kvl
+from kernels_triton._dispatch import use_triton
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -597,7 +598,7 @@ def sparse_mla_prefill_triton(
 def sparse_mla_decode(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse decode: the Triton kernel on CUDA, the torch reference elsewhere."""
     q = args[0] if args else kwargs["q"]
-    fn = sparse_mla_decode_triton if q.is_cuda else sparse_mla_decode_reference
+    fn = sparse_mla_decode_triton if use_triton(q) else sparse_mla_decode_reference
     return fn(*args, **kwargs)
 
 
@@ -606,7 +607,7 @@ def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
                        topk_length: torch.Tensor | None = None, *, lse_log2: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse prefill: the Triton kernel on CUDA, the torch reference elsewhere (base-e or base-2 stats)."""
-    if q.is_cuda:
+    if use_triton(q):
         return sparse_mla_prefill_triton(q, kv, indices, sm_scale, d_v, attn_sink, topk_length,
                                          lse_log2=lse_log2)
     out, mx, lse = sparse_mla_prefill_reference(q, kv, indices, sm_scale, d_v, attn_sink, topk_length)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from kernels_triton import flash_attn as fa
+from kernels_triton._dispatch import use_triton
 from shims._missing import missing_getattr
 
 
@@ -21,7 +22,7 @@ def _unsupported(**kw: object) -> None:
 
 
 def _run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, max_q: int, **kw: object):
-    if q.is_cuda:
+    if use_triton(q):
         return fa.attention_triton(q, k, v, cu_q, max_q, **kw)
     return fa.attention_ref(q, k, v, cu_q, **kw)
 

@@ -28,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import shims.deep_gemm as deep_gemm
+from kernels_triton import dsv4_xpu_ops as XO
 from kernels_triton import indexer as IX
 from shims.sgl_kernel import dsv4_xpu as X
 
@@ -87,71 +88,71 @@ def _run_on_meta(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 # The replaced implementations (the reference for bit equality)
 # ------------------------------------------------------------------------------------------------
 def _old_flash_compress4_decode(kv_buffer, kv_input, kv_output, ape, plan_d):  # noqa: ANN001, ANN202
-    hd = X._check_compress(kv_buffer, kv_input, ape, 4)
-    seq, write, rp0, rp1 = X._decode_plan(plan_d)
-    X._write_state(kv_buffer, kv_input, write)
+    hd = XO._check_compress(kv_buffer, kv_input, ape, 4)
+    seq, write, rp0, rp1 = XO._decode_plan(plan_d)
+    XO._write_state(kv_buffer, kv_input, write)
     rows = torch.nonzero(seq % 4 == 0).flatten()
     if rows.numel() == 0:
         return
     full = torch.full_like(rows, 8)
-    kv, score = X._c4_window(kv_buffer, kv_input, rows, rp0[rows], rp1[rows], full, seq[rows] > 4, hd)
-    kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
+    kv, score = XO._c4_window(kv_buffer, kv_input, rows, rp0[rows], rp1[rows], full, seq[rows] > 4, hd)
+    kv_output[rows] = XO._gated_pool(kv, score, ape, kv_output.dtype)
 
 
 def _old_flash_compress128_decode(kv_buffer, kv_input, kv_output, ape, plan_d):  # noqa: ANN001, ANN202
-    hd = X._check_compress(kv_buffer, kv_input, ape, 128)
-    _, write, _, rp1 = X._decode_plan(plan_d)
-    X._write_state(kv_buffer, kv_input, write)
-    rows = torch.nonzero(X._tmod(write, 128) == 127).flatten()
+    hd = XO._check_compress(kv_buffer, kv_input, ape, 128)
+    _, write, _, rp1 = XO._decode_plan(plan_d)
+    XO._write_state(kv_buffer, kv_input, write)
+    rows = torch.nonzero(XO._tmod(write, 128) == 127).flatten()
     if rows.numel() == 0:
         return
-    kv, score = X._c128_window(kv_buffer, kv_input, rows, rp1[rows], torch.full_like(rows, 128), hd)
-    kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
+    kv, score = XO._c128_window(kv_buffer, kv_input, rows, rp1[rows], torch.full_like(rows, 128), hd)
+    kv_output[rows] = XO._gated_pool(kv, score, ape, kv_output.dtype)
 
 
 def _old_flash_compress4_prefill(kv_buffer, kv_input, kv_output, ape, plan_c, plan_w):  # noqa: ANN001, ANN202
-    hd = X._check_compress(kv_buffer, kv_input, ape, 4)
-    valid, seq, ragged, buf_len, rp0, rp1 = X._compress_plan(plan_c)
+    hd = XO._check_compress(kv_buffer, kv_input, ape, 4)
+    valid, seq, ragged, buf_len, rp0, rp1 = XO._compress_plan(plan_c)
     rows = torch.nonzero(valid).flatten()
     if rows.numel():
-        kv, score = X._c4_window(kv_buffer, kv_input, ragged[rows], rp0[rows], rp1[rows], buf_len[rows],
+        kv, score = XO._c4_window(kv_buffer, kv_input, ragged[rows], rp0[rows], rp1[rows], buf_len[rows],
                                  seq[rows] > 4, hd)
-        kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
-    w_valid, w_ragged, w_loc = X._write_plan(plan_w)
-    X._write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+        kv_output[rows] = XO._gated_pool(kv, score, ape, kv_output.dtype)
+    w_valid, w_ragged, w_loc = XO._write_plan(plan_w)
+    XO._write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
 
 
 def _old_flash_compress128_prefill(kv_buffer, kv_input, kv_output, ape, plan_c, plan_w):  # noqa: ANN001, ANN202
-    hd = X._check_compress(kv_buffer, kv_input, ape, 128)
-    valid, _, ragged, buf_len, _, rp1 = X._compress_plan(plan_c)
+    hd = XO._check_compress(kv_buffer, kv_input, ape, 128)
+    valid, _, ragged, buf_len, _, rp1 = XO._compress_plan(plan_c)
     rows = torch.nonzero(valid).flatten()
     if rows.numel():
-        kv, score = X._c128_window(kv_buffer, kv_input, ragged[rows], rp1[rows], buf_len[rows], hd)
-        kv_output[rows] = X._gated_pool(kv, score, ape, kv_output.dtype)
-    w_valid, w_ragged, w_loc = X._write_plan(plan_w)
-    X._write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
+        kv, score = XO._c128_window(kv_buffer, kv_input, ragged[rows], rp1[rows], buf_len[rows], hd)
+        kv_output[rows] = XO._gated_pool(kv, score, ape, kv_output.dtype)
+    w_valid, w_ragged, w_loc = XO._write_plan(plan_w)
+    XO._write_state(kv_buffer, kv_input[w_ragged[w_valid]], w_loc[w_valid])
 
 
 def _old_compress_norm_rope_store_prefill(kv, plan, norm_weight, norm_eps, freqs_cis, out_loc, kvcache,  # noqa: ANN001, ANN202
                                           is_decode, compress_ratio, page_size, use_fp4=False):
     assert not is_decode
     ratio, hd = compress_ratio, kv.shape[-1]
-    valid, seq, ragged, _, _, _ = X._compress_plan(plan)
+    valid, seq, ragged, _, _, _ = XO._compress_plan(plan)
     rows = torch.nonzero(valid).flatten()
     loc = out_loc[ragged[rows]].to(torch.int64)
     if rows.numel() == 0:
         return
     freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
-    data = X._rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
+    data = XO._rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
     if hd == 512:
-        X._store_v4(X._pages(kvcache, X._v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
+        XO._store_v4(XO._pages(kvcache, XO._v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
         return
-    data = torch.cat([data[:, :X.ROPE_DIM], X._rope_pairs(data[:, X.ROPE_DIM:], freqs)], dim=1)
+    data = torch.cat([data[:, :XO.ROPE_DIM], XO._rope_pairs(data[:, XO.ROPE_DIM:], freqs)], dim=1)
     data = _old_hadamard128(data)
     if use_fp4:
-        X._store_indexer_fp4(X._pages(kvcache, X.INDEXER_FP4_BYTES * page_size), loc, page_size, data)
+        XO._store_indexer_fp4(XO._pages(kvcache, XO.INDEXER_FP4_BYTES * page_size), loc, page_size, data)
     else:
-        X._store_indexer_fp8(X._pages(kvcache, X.INDEXER_FP8_BYTES * page_size), loc, page_size, data)
+        XO._store_indexer_fp8(XO._pages(kvcache, XO.INDEXER_FP8_BYTES * page_size), loc, page_size, data)
 
 
 def _old_hadamard128(x):  # noqa: ANN001, ANN202
@@ -168,22 +169,22 @@ def _old_compress_norm_rope_store_decode(kv, plan, norm_weight, norm_eps, freqs_
                                          is_decode, compress_ratio, page_size, use_fp4=False):
     assert is_decode
     ratio, hd = compress_ratio, kv.shape[-1]
-    seq, _, _, _ = X._decode_plan(plan)
+    seq, _, _, _ = XO._decode_plan(plan)
     rows = torch.nonzero(seq % ratio == 0).flatten()
     loc = out_loc[rows].to(torch.int64)
     if rows.numel() == 0:
         return
     freqs = freqs_cis[(seq[rows] - ratio).to(torch.int64)].float()
-    data = X._rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
+    data = XO._rms_norm(kv[rows], norm_weight.to(kv.dtype), norm_eps)
     if hd == 512:
-        X._store_v4(X._pages(kvcache, X._v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
+        XO._store_v4(XO._pages(kvcache, XO._v4_page_bytes(page_size)), loc, page_size, data, freqs, round_nope_bf16=True)
         return
-    data = torch.cat([data[:, :X.ROPE_DIM], X._rope_pairs(data[:, X.ROPE_DIM:], freqs)], dim=1)
+    data = torch.cat([data[:, :XO.ROPE_DIM], XO._rope_pairs(data[:, XO.ROPE_DIM:], freqs)], dim=1)
     data = _old_hadamard128(data)
     if use_fp4:
-        X._store_indexer_fp4(X._pages(kvcache, X.INDEXER_FP4_BYTES * page_size), loc, page_size, data)
+        XO._store_indexer_fp4(XO._pages(kvcache, XO.INDEXER_FP4_BYTES * page_size), loc, page_size, data)
     else:
-        X._store_indexer_fp8(X._pages(kvcache, X.INDEXER_FP8_BYTES * page_size), loc, page_size, data)
+        XO._store_indexer_fp8(XO._pages(kvcache, XO.INDEXER_FP8_BYTES * page_size), loc, page_size, data)
 
 
 def _old_fused_k_norm_rope_flashmla(kv, kv_weight, freqs_cis, positions, out_loc, kvcache, eps, page_size):  # noqa: ANN001, ANN202
@@ -191,9 +192,9 @@ def _old_fused_k_norm_rope_flashmla(kv, kv_weight, freqs_cis, positions, out_loc
     rows = torch.nonzero(loc >= 0).flatten()
     if rows.numel() == 0:
         return
-    data = X._rms_norm(kv[rows], kv_weight.to(kv.dtype), eps)
+    data = XO._rms_norm(kv[rows], kv_weight.to(kv.dtype), eps)
     freqs = freqs_cis[positions[rows].to(torch.int64)].float()
-    X._store_v4(X._pages(kvcache, X._v4_page_bytes(page_size)), loc[rows], page_size, data, freqs,
+    XO._store_v4(XO._pages(kvcache, XO._v4_page_bytes(page_size)), loc[rows], page_size, data, freqs,
                 round_nope_bf16=False)
 
 
@@ -201,10 +202,10 @@ def _old_fused_q_indexer_rope_hadamard_quant(q_input, q_fp8, weight, weights_out
                                              positions):
     data = q_input.float()
     freqs = freqs_cis[positions.to(torch.int64)].float().unsqueeze(1)
-    data = torch.cat([data[..., :X.ROPE_DIM], X._rope_pairs(data[..., X.ROPE_DIM:], freqs)], dim=-1)
+    data = torch.cat([data[..., :XO.ROPE_DIM], XO._rope_pairs(data[..., XO.ROPE_DIM:], freqs)], dim=-1)
     data = _old_hadamard128(data)
-    scale = torch.clamp(data.abs().amax(-1), min=X.QUANT_EPS) / X.FP8_MAX
-    q_fp8.view(torch.uint8).copy_(X._to_e4m3(data * (1.0 / scale).unsqueeze(-1)))
+    scale = torch.clamp(data.abs().amax(-1), min=XO.QUANT_EPS) / XO.FP8_MAX
+    q_fp8.view(torch.uint8).copy_(XO._to_e4m3(data * (1.0 / scale).unsqueeze(-1)))
     w = weight.float() * torch.tensor(float(weight_scale), dtype=torch.float32, device=weight.device)
     weights_out.copy_((w * scale).unsqueeze(-1))
 
@@ -264,7 +265,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _decode_plan_bytes(seq: torch.Tensor, write: torch.Tensor, rp0: torch.Tensor, rp1: torch.Tensor) -> torch.Tensor:
-    return X._pack_words(torch.stack([seq, write, rp0, rp1], dim=1).to(torch.int64), CPU)
+    return XO._pack_words(torch.stack([seq, write, rp0, rp1], dim=1).to(torch.int64), CPU)
 
 
 def _freqs(max_pos: int) -> torch.Tensor:
@@ -332,9 +333,9 @@ def test_flash_compress_decode_equal(ratio: int, dtype: torch.dtype, keep_none: 
 def _store_case(hd: int, ratio: int, use_fp4: bool, keep_none: bool) -> list[Any]:
     page_size, n_pages, b = 16, 5, 10
     if hd == 512:
-        page_bytes = X._v4_page_bytes(page_size)
+        page_bytes = XO._v4_page_bytes(page_size)
     else:
-        page_bytes = (X.INDEXER_FP4_BYTES if use_fp4 else X.INDEXER_FP8_BYTES) * page_size
+        page_bytes = (XO.INDEXER_FP4_BYTES if use_fp4 else XO.INDEXER_FP8_BYTES) * page_size
     kv = torch.randn(b, hd).to(torch.bfloat16)
     # seq lens: multiples of the ratio compress (0 included: its rope row wraps like Python indexing)
     seq = torch.tensor([ratio, 2 * ratio, ratio + 1, 3, 0, 5 * ratio, 7, 9 * ratio, 1, ratio - 1])
@@ -373,7 +374,7 @@ def test_fused_k_norm_rope_flashmla_equal(all_negative: bool) -> None:
     out_loc[[0, 4, 5]] = torch.tensor([-1, -100, -2], dtype=torch.int32)  # skipped rows, first row included
     if all_negative:
         out_loc = -out_loc.abs() - 1
-    cache = torch.randint(0, 256, (n_pages, X._v4_page_bytes(page_size)), dtype=torch.uint8)
+    cache = torch.randint(0, 256, (n_pages, XO._v4_page_bytes(page_size)), dtype=torch.uint8)
     args = [kv, (torch.randn(512) * 0.3 + 1).to(torch.bfloat16), _freqs(1000), pos, out_loc, cache, 1e-6, page_size]
     _run_both(X.fused_k_norm_rope_flashmla, _old_fused_k_norm_rope_flashmla, args, written=[5])
 
@@ -500,7 +501,7 @@ def _prefill_compress_case(ratio: int, dtype: torch.dtype, none_valid: bool) -> 
     rid, r2t, f2s, seq, ext, sps = _prefill_ctx(ratio, ring, identity=True)
     n = int(ext.sum())
     plan_c, plan_w = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, ratio, sps, ring, True)
-    w_valid, _, w_loc = X._write_plan(plan_w)
+    w_valid, _, w_loc = XO._write_plan(plan_w)
     # Distinct slots per write (with duplicates the winner would depend on scatter order, in both).
     assert w_loc[w_valid].unique().numel() == int(w_valid.sum()) and int(w_loc[w_valid].max()) < pages * ratio
     if none_valid:
@@ -519,7 +520,7 @@ def test_flash_compress_prefill_equal(ratio: int, none_valid: bool, budget: str,
     """Padded plans (invalid rows) as target verify builds them; both the masked (fixed-shape) path
     and the compacting path taken for plans above _MASKED_WINDOW_BYTES."""
     if budget == "compacted":
-        monkeypatch.setattr(X, "_MASKED_WINDOW_BYTES", 0)
+        monkeypatch.setattr(XO, "_MASKED_WINDOW_BYTES", 0)
     new, old = ((X.flash_compress4_prefill, _old_flash_compress4_prefill) if ratio == 4
                 else (X.flash_compress128_prefill, _old_flash_compress128_prefill))
     args = _prefill_compress_case(ratio, torch.bfloat16, none_valid)
@@ -529,12 +530,12 @@ def test_flash_compress_prefill_equal(ratio: int, none_valid: bool, budget: str,
 @pytest.mark.parametrize(("hd", "use_fp4"), [(512, False), (128, False), (128, True)])
 def test_compress_norm_rope_store_prefill_equal(hd: int, use_fp4: bool) -> None:
     page_size, n_pages, ratio = 16, 30, 4
-    page_bytes = X._v4_page_bytes(page_size) if hd == 512 else \
-        (X.INDEXER_FP4_BYTES if use_fp4 else X.INDEXER_FP8_BYTES) * page_size
+    page_bytes = XO._v4_page_bytes(page_size) if hd == 512 else \
+        (XO.INDEXER_FP4_BYTES if use_fp4 else XO.INDEXER_FP8_BYTES) * page_size
     rid, r2t, f2s, seq, ext, sps = _prefill_ctx(ratio, 8)
     n = int(ext.sum())
     plan_c, _ = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, ratio, sps, 8, True)
-    valid = X._compress_plan(plan_c)[0]
+    valid = XO._compress_plan(plan_c)[0]
     kv = torch.randn(n, hd).to(torch.bfloat16)
     kv[~valid] = _random_bytes(int((~valid).sum()), hd, dtype=torch.bfloat16)  # padding rows: garbage
     out_loc = torch.randperm(n_pages * page_size)[:n]  # indexed by ragged id
@@ -584,7 +585,7 @@ def _graph_safe_calls() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
         "compress_norm_rope_store[fp4]": (X.compress_norm_rope_store, _store_case(128, 4, True, False)),
         "fused_k_norm_rope_flashmla": (X.fused_k_norm_rope_flashmla, [
             torch.randn(4, 512).to(torch.bfloat16), torch.randn(512).to(torch.bfloat16), _freqs(64),
-            torch.arange(4), torch.tensor([3, -1, 9, 2]), torch.zeros(2, X._v4_page_bytes(16), dtype=torch.uint8),
+            torch.arange(4), torch.tensor([3, -1, 9, 2]), torch.zeros(2, XO._v4_page_bytes(16), dtype=torch.uint8),
             1e-6, 16]),
         "fused_q_norm_rope": (X.fused_q_norm_rope, [torch.randn(3, 4, 512).to(torch.bfloat16),
                                                     torch.empty(3, 4, 512, dtype=torch.bfloat16), _freqs(64),
@@ -619,9 +620,9 @@ def _graph_safe_calls() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
             [torch.randn(4, 40), torch.tensor([3, 20, 30, 0]), torch.arange(4), torch.empty(4, 8, dtype=torch.int32),
              torch.tensor([0, 5, 10, 0])]),
         "fused_store_cache_v4": (X.fused_store_cache_v4, [torch.randn(3, 512), torch.zeros(
-            2, X._v4_page_bytes(16), dtype=torch.uint8), torch.tensor([1, 5, 20]), 16]),
+            2, XO._v4_page_bytes(16), dtype=torch.uint8), torch.tensor([1, 5, 20]), 16]),
         "fused_store_cache_indexer": (X.fused_store_cache_indexer, [torch.randn(3, 128), torch.zeros(
-            2, X.INDEXER_FP8_BYTES * 16, dtype=torch.uint8), torch.tensor([1, 5, 20]), 16]),
+            2, XO.INDEXER_FP8_BYTES * 16, dtype=torch.uint8), torch.tensor([1, 5, 20]), 16]),
         "deep_gemm.get_paged_mqa_logits_metadata": (deep_gemm.get_paged_mqa_logits_metadata, [
             torch.tensor([[5], [300], [0], [64]], dtype=torch.int32), 64, 8]),
         "deep_gemm.fp8_paged_mqa_logits[torch]": (deep_gemm.fp8_paged_mqa_logits, [
@@ -648,7 +649,7 @@ def _graph_safe_calls() -> dict[str, tuple[Callable[..., Any], list[Any]]]:
     plan_c = X.plan_compress_prefill(rid, r2t, f2s, seq, ext, torch.empty(0), n, 4, sps, 16, True)[0]
     calls["compress_norm_rope_store[prefill plan]"] = (X.compress_norm_rope_store, [
         torch.randn(n, 512).to(torch.bfloat16), plan_c, torch.randn(512), 1e-6, _freqs(600),
-        torch.randperm(30 * 16)[:n], torch.zeros(30, X._v4_page_bytes(16), dtype=torch.uint8), False, 4, 16])
+        torch.randperm(30 * 16)[:n], torch.zeros(30, XO._v4_page_bytes(16), dtype=torch.uint8), False, 4, 16])
     for name, args in _mhc_args().items():
         calls[name] = (getattr(X, name), args)
     return calls

@@ -15,6 +15,7 @@ import sglang.test.kernels.deepseek_v4.common as sgl_common
 import torch
 from sglang.test.kernels.deepseek_v4.k_cache_reference import dequantize_k_cache_paged_ref
 
+from kernels_triton import dsv4_xpu_ops as XO
 from shims.sgl_kernel import dsv4_xpu as X
 from tests.ops.conftest import assert_no_nan_close, poisoned
 
@@ -294,22 +295,22 @@ def _check_v4_rows(cache, loc, page_size, ref):
 @pytest.mark.parametrize("is_decode", [True, False])
 def test_compress_norm_rope_store_v4(is_decode: bool) -> None:
     page_size, ratio, n_pages = 64, 4, 3
-    pb = X._v4_page_bytes(page_size)
+    pb = XO._v4_page_bytes(page_size)
     freqs = _freqs(512)
     w = torch.randn(512) * 0.5 + 1
     kv = torch.randn(6, 512)
     if is_decode:
         seqs = torch.tensor([8, 9, 12, 100, 4, 7])
-        plan = X._pack_words(torch.stack([seqs, seqs * 0, seqs * 0, seqs * 0], 1), torch.device("cpu"))
+        plan = XO._pack_words(torch.stack([seqs, seqs * 0, seqs * 0, seqs * 0], 1), torch.device("cpu"))
         rows = torch.tensor([0, 2, 3, 4])
         out_loc = torch.randperm(n_pages * page_size)[:6]
         loc = out_loc[rows]
     else:
         seqs = torch.tensor([8, 12, 100, 4, 40, 16])
         ragged = torch.tensor([0, 5, 2, 9, 7, 1])
-        words = X._plan_c_words(seqs, ragged, ragged * 0, ragged * 0 - 1, ragged * 0)
+        words = XO._plan_c_words(seqs, ragged, ragged * 0, ragged * 0 - 1, ragged * 0)
         words[4] = torch.tensor([-1, 0, -1, -1])  # an invalid (padding) plan
-        plan = X._pack_words(words, torch.device("cpu"))
+        plan = XO._pack_words(words, torch.device("cpu"))
         rows = torch.tensor([0, 1, 2, 3, 5])
         out_loc = torch.randperm(n_pages * page_size)[:10]
         loc = out_loc[ragged[rows]]
@@ -329,7 +330,7 @@ def test_fused_k_norm_rope_flashmla() -> None:
     pos = torch.tensor([0, 7, 300, 5, 63])
     out_loc = torch.tensor([3, -1, 130, 64, 1], dtype=torch.int32)
     freqs = _freqs(512)
-    cache = torch.randint(0, 256, (3, X._v4_page_bytes(page_size)), dtype=torch.uint8)
+    cache = torch.randint(0, 256, (3, XO._v4_page_bytes(page_size)), dtype=torch.uint8)
     before = cache.clone()
     X.fused_k_norm_rope_flashmla(kv, w, freqs, pos, out_loc, cache, 1e-6, page_size)
     keep = out_loc >= 0
@@ -344,7 +345,7 @@ def test_compress_norm_rope_store_indexer_fp8() -> None:
     kv = torch.randn(4, 128)
     w = torch.randn(128) * 0.5 + 1
     seqs = torch.tensor([128, 256, 130, 384])
-    plan = X._pack_words(torch.stack([seqs, seqs * 0, seqs * 0, seqs * 0], 1), torch.device("cpu"))
+    plan = XO._pack_words(torch.stack([seqs, seqs * 0, seqs * 0, seqs * 0], 1), torch.device("cpu"))
     out_loc = torch.tensor([5, 40, 7, 63])
     freqs = _freqs(512)
     cache = torch.randint(0, 256, (2, 132 * page_size), dtype=torch.uint8)
@@ -366,7 +367,7 @@ def test_compress_norm_rope_store_indexer_fp4_matches_sglang_reference() -> None
     w = torch.randn(128) * 0.5 + 1
     seqs = torch.tensor([4, 8, 12, 16, 20])
     ragged = torch.tensor([0, 1, 2, 3, 4])
-    plan = X._pack_words(X._plan_c_words(seqs, ragged, ragged * 0, ragged * 0 - 1, ragged * 0), torch.device("cpu"))
+    plan = XO._pack_words(XO._plan_c_words(seqs, ragged, ragged * 0, ragged * 0 - 1, ragged * 0), torch.device("cpu"))
     out_loc = torch.tensor([3, 64, 100, 0, 127])
     freqs = _freqs(64)
     cache = torch.zeros(2, 68 * page_size, dtype=torch.uint8)

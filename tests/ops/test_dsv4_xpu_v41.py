@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from kernels_triton import dsv4_xpu_ops as XO
 from shims.sgl_kernel import dsv4_xpu as X
 
 PAGE = 256
@@ -118,7 +119,7 @@ def test_v4_store_matches_the_compress_store_on_normalized_rows() -> None:
     X.fused_store_cache_v4(x, a, loc, PAGE)
     identity = torch.zeros(n, 64)
     identity[:, 0::2] = 1.0  # (cos, sin) = (1, 0)
-    X._store_v4(b, loc, PAGE, x, identity, round_nope_bf16=True)
+    XO._store_v4(b, loc, PAGE, x, identity, round_nope_bf16=True)
     assert torch.equal(a, b)
 
 

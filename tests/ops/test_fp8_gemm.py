@@ -79,7 +79,8 @@ def test_ue8m0_unpack() -> None:
     torch.testing.assert_close(got, torch.exp2(e[:, :7].double() - 127).float(), rtol=0, atol=0)
 
 
-def test_shim_fp8_gemm_nt_float_and_ue8m0() -> None:
+def test_shim_fp8_gemm_nt_float_and_ue8m0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WINPORT_TRITON_ON_CPU", "1")  # the shim's Triton path, interpreted
     import deep_gemm  # the shim (winport.shimloader maps the name)
 
     from shims.deep_gemm import gemm as shim
@@ -210,7 +211,7 @@ print("JSON" + json.dumps(res))
 
 @pytest.fixture(scope="module")
 def interp_results() -> dict:
-    proc = run_python(_INTERP_CODE, env={"TRITON_INTERPRET": "1"}, timeout=600)
+    proc = run_python(_INTERP_CODE, env={"TRITON_INTERPRET": "1", "WINPORT_TRITON_ON_CPU": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("JSON"))
     return json.loads(line[4:])

@@ -135,7 +135,7 @@ print("JSON" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def interp() -> dict:
-    proc = run_python(_INTERP_CODE, env={"TRITON_INTERPRET": "1"}, timeout=600)
+    proc = run_python(_INTERP_CODE, env={"TRITON_INTERPRET": "1", "WINPORT_TRITON_ON_CPU": "1"}, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("JSON"))[4:])
 

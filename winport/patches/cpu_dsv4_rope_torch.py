@@ -7,12 +7,9 @@ Targets sglang 0.5.23 `kernels/ops/attention/dsv4/rope.py:apply_rotary_emb_trito
 about a third of the demo server's time (a 78-token prefill: three quarters; measured with
 scripts/bench/cpu_serve.py). The rotation is a few tensor operations in torch.
 
-Semantics carried over from the kernel (not its code): GPT-J (interleaved) pairs
-(x[2i], x[2i+1]) of the last dimension are rotated in place by freqs_cis (complex, one row per
-position; row `positions[b]` for token b, or row b when positions is None), in float32, and
-stored back in x's dtype; `inverse` rotates by the conjugate. x is [tokens, rope_dim] or
-[tokens, heads, rope_dim] and may be a strided view (the rope part of q or kv). Tensors on any
-other device keep the Triton kernel.
+The rotation (GPT-J interleaved pairs by freqs_cis, in float32, in place; the kernel's semantics,
+not its code) is kernels_triton.dsv4_cpu_ops.rotary_gptj_inplace; this patch only hooks it in for CPU
+tensors. Tensors on any other device keep the Triton kernel.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from typing import Any
 
 import torch
 
+from kernels_triton.dsv4_cpu_ops import rotary_gptj_inplace
 from winport import envs
 from winport.patches._base import register, require_source
 
@@ -28,39 +26,6 @@ from winport.patches._base import register, require_source
 SWITCH = envs.WINPORT_CPU_TORCH_KERNELS.name
 
 TARGET = "sglang.kernels.ops.attention.dsv4.rope.apply_rotary_emb_triton"
-
-
-def rotary_gptj_inplace(x: torch.Tensor, freqs_cis: torch.Tensor, positions: torch.Tensor | None = None,
-                        inverse: bool = False) -> torch.Tensor:
-    """Rotate interleaved pairs of x's last dimension in place by freqs_cis[positions]; return x."""
-    if x.ndim not in (2, 3):
-        raise ValueError(f"dsv4 rope: x must be [tokens, dim] or [tokens, heads, dim], got {tuple(x.shape)}")
-    tokens, rope_dim = x.shape[0], x.shape[-1]
-    if rope_dim % 2:
-        raise ValueError(f"dsv4 rope: rope dim {rope_dim} is odd")
-    if positions is not None:
-        if positions.shape != (tokens,):
-            raise ValueError(f"dsv4 rope: positions shape {tuple(positions.shape)} != ({tokens},)")
-        freqs = freqs_cis[positions.long()]
-    else:
-        if freqs_cis.shape[0] != tokens:
-            raise ValueError(f"dsv4 rope: freqs_cis has {freqs_cis.shape[0]} rows for {tokens} tokens")
-        freqs = freqs_cis
-    # The kernel reads the pairs it needs from the table's first rope_dim/2 columns.
-    freqs = torch.view_as_real(freqs[:, : rope_dim // 2]).float()
-    cos, sin = freqs[..., 0], freqs[..., 1]
-    if x.ndim == 3:
-        cos, sin = cos[:, None, :], sin[:, None, :]
-    pairs = x.float().unflatten(-1, (rope_dim // 2, 2))
-    re, im = pairs[..., 0], pairs[..., 1]
-    if inverse:
-        out_re = re * cos + im * sin
-        out_im = im * cos - re * sin
-    else:
-        out_re = re * cos - im * sin
-        out_im = re * sin + im * cos
-    x.copy_(torch.stack((out_re, out_im), dim=-1).flatten(-2))
-    return x
 
 
 def _apply(original: Any, x: torch.Tensor, freqs_cis: torch.Tensor, positions: torch.Tensor | None = None,

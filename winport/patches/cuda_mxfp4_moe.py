@@ -13,6 +13,12 @@ which `winport serve` passes then, so SGLang's DeepSeek-V4 override does not pic
   `StandardCombineInput` instead of going through the Triton MoE runner.
 Without the variable, or off CUDA, both hooks call SGLang's own code unchanged. The kernel has not
 run on a GPU under SGLang yet (only its own tests, on the interpreter); that is why it is opt-in.
+
+Why this patch calls kernels_triton directly and not through a shim: shims stand in for upstream
+modules SGLang imports (sgl_kernel, deep_gemm, ...) under their signatures, and no upstream kernel
+has this one's signature: the flashinfer / Marlin / DeepGEMM MXFP4 paths take other layouts and
+are chosen inside `apply`. The hook in `apply` is the adapter (SGLang's dispatch output and
+runner config in, StandardCombineInput out), so it lives here, in the patch.
 """
 
 from __future__ import annotations
