@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The hybrid MoE on the H200 device machine: kt-kernel's CPU experts next to the GPU.
+# Carry .whlserve (scripts/gpu/fetch_serve_wheels.sh) and .ktdev (kt_kernel and kt_kernel.libs taken
+# from kt-kernel 0.7.2's cp312 wheel, only the extension variant the host needs: `amx` for the H200
+# host, so the tree stays under the 64 MiB a device call carries).
+# Usage (device, repo root): bash scripts/gpu/hybrid_check.sh PART...
+#   kt     kt-kernel MXFP4 experts at V4.1 shapes vs the read probe (scripts/bench/kt_experts.py)
+#   layer  the gpu-marked hybrid layer tests (tests/hybrid/test_kt_moe_layer.py)
+#   live   the demo served hybrid (--gpu-experts 4, CUDA graphs) vs all-GPU (tests/hybrid/test_kt_hybrid_gpu_live.py)
+#   moe    the Triton MXFP4 MoE GPU tests and benchmark (tests/ops/test_mxfp4_moe.py, scripts/bench/mxfp4_moe.py)
+# T_<PART> sets each part's time limit in seconds; KT_THREADS, KT_ARGS and MOE_ARGS pass options on.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/site
+if [ -d .ktdev/kt_kernel ]; then cp -r .ktdev/kt_kernel .ktdev/kt_kernel.libs /tmp/site/; fi
+ops_site() {  # a bare python on the device has no winport .pth: install the shim finder for it
+  local site; site=$(mktemp -d); echo "import winport.shimloader as _s; _s.install()" > "$site/sitecustomize.py"
+  echo "$site:/tmp/site:$PWD"
+}
+echo "cores $(nproc); $(grep -o -m1 'amx_[a-z0-9]*' /proc/cpuinfo | head -1); $(nvidia-smi --query-gpu=name --format=csv,noheader)"
+for part in "$@"; do
+  case $part in
+  kt) echo "=== kt: CPU experts ==="
+      # shellcheck disable=SC2086  # KT_ARGS is meant to split
+      PYTHONPATH=/tmp/site:$PWD timeout "${T_KT:-240}" python3 scripts/bench/kt_experts.py \
+        --threads "${KT_THREADS:-1,8,15}" ${KT_ARGS:-} --json "$OUT/kt_experts.json" > "$OUT/kt.log" 2>&1
+      tail -20 "$OUT/kt.log" ;;
+  layer) echo "=== layer: hybrid layer GPU tests ==="
+      PYTHONPATH=$(ops_site) timeout "${T_LAYER:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/hybrid/test_kt_moe_layer.py > "$OUT/layer.log" 2>&1
+      tail -25 "$OUT/layer.log" ;;
+  live) echo "=== live: hybrid demo vs all-GPU ==="
+      timeout "${T_LIVE:-420}" bash scripts/gpu/serve_demo.sh tests/hybrid/test_kt_hybrid_gpu_live.py -s \
+        > "$OUT/live.log" 2>&1
+      grep -v "^WARNING: Target" "$OUT/live.log" | tail -40 ;;
+  moe) echo "=== moe: Triton MXFP4 MoE ==="
+      PYTHONPATH=$(ops_site) timeout "${T_MOE_TESTS:-300}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/ops/test_mxfp4_moe.py > "$OUT/moe_tests.log" 2>&1
+      tail -15 "$OUT/moe_tests.log"
+      # shellcheck disable=SC2086  # MOE_ARGS is meant to split
+      PYTHONPATH=$(ops_site) timeout "${T_MOE_BENCH:-200}" python3 scripts/bench/mxfp4_moe.py ${MOE_ARGS:---check} \
+        --json "$OUT/mxfp4_moe.json" > "$OUT/moe_bench.log" 2>&1
+      tail -40 "$OUT/moe_bench.log" ;;
+  *) echo "unknown part $part"; exit 2 ;;
+  esac
+done
