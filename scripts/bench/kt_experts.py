@@ -27,9 +27,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-H, I, TOP_K = 5120, 2304, 6
+HIDDEN, INTER, TOP_K = 5120, 2304, 6
 # Packed codes (half a byte a weight) + one E8M0 byte per 32 weights, for w1, w3 and w2.
-EXPERT_BYTES = 3 * H * I // 2 + 3 * H * I // 32
+EXPERT_BYTES = 3 * HIDDEN * INTER // 2 + 3 * HIDDEN * INTER // 32
 MARK = "kt_experts.json: "
 
 
@@ -57,17 +57,17 @@ def child(threads: int, batches: list[int], n_experts: int, iters: int, probe_gi
 
     probe = read_probe(probe_gib, threads)
     settings = KTSettings(cpu_threads=threads, threadpool_count=1, chunk=max(batches))
-    kt = KTExperts(0, n_experts, TOP_K, H, I, settings, swiglu_limit=10.0)
+    kt = KTExperts(0, n_experts, TOP_K, HIDDEN, INTER, settings, swiglu_limit=10.0)
     g = torch.Generator().manual_seed(0)
     for e in range(n_experts):
-        for proj, (n, k) in (("w1", (I, H)), ("w3", (I, H)), ("w2", (H, I))):
+        for proj, (n, k) in (("w1", (INTER, HIDDEN)), ("w3", (INTER, HIDDEN)), ("w2", (HIDDEN, INTER))):
             kt.stage(e, proj, "weight", torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8))
             # Exponents 118..122: weights of magnitude ~2^-9..2^-5 x 6, activations stay finite.
             kt.stage(e, proj, "scale", torch.randint(118, 123, (n, k // 32), generator=g, dtype=torch.uint8))
     assert kt.loaded, kt.missing()[:4]
     rows = []
     for b in batches:
-        x = torch.randn(b, H, generator=g).to(torch.bfloat16)
+        x = torch.randn(b, HIDDEN, generator=g).to(torch.bfloat16)
         times, distinct = [], []
         for it in range(iters + 5):
             ids = torch.stack([torch.randperm(n_experts, generator=g)[:TOP_K] for _ in range(b)])
@@ -119,7 +119,7 @@ def main() -> None:
             print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
             raise SystemExit(f"threads={t}: child failed with {r.returncode}")
         rows += json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith(MARK))[len(MARK):])
-    print(f"kt-kernel MXFP4 experts, hidden {H}, intermediate {I}, top-{TOP_K}, {a.experts} experts "
+    print(f"kt-kernel MXFP4 experts, hidden {HIDDEN}, intermediate {INTER}, top-{TOP_K}, {a.experts} experts "
           f"({a.experts * EXPERT_BYTES / 1e9:.2f} GB), random routing; variant {rows[0]['variant']}, "
           f"backend {rows[0]['backend']}")
     print("| threads | batch | ms | distinct experts | GB/s | GB/s per thread | read probe GB/s | of probe |")
