@@ -1,141 +1,12 @@
-"""Helpers for the GGUF tests: random quantized blocks and GGUF writers.
-
-Files of mainline types are written with gguf-py's GGUFWriter (the independent writer); files with
-fork type ids gguf-py lacks, and deliberately malformed files, with the small raw writer below.
-"""
+"""Fixtures of the GGUF tests (their helpers are in tests/gguf/_helpers.py)."""
 
 from __future__ import annotations
-
-import struct
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from winport.gguf.types import GGML_TYPES_BY_NAME
-
-# Byte offsets of the float16 fields in each block type: filled with finite values so random
-# blocks never hold inf/NaN scales (a NaN must never make a comparison pass).
-F16_FIELDS = {
-    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-    "IQ4_NL": [0], "IQ4_XS": [0],
-}
-
-
-def random_blocks(rng: np.random.Generator, type_name: str, n_blocks: int) -> np.ndarray:
-    """Random but valid blocks of a type: uint8 [n_blocks, type_size]."""
-    info = GGML_TYPES_BY_NAME[type_name]
-    raw = rng.integers(0, 256, (n_blocks, info.type_size), dtype=np.uint8)
-    for off in F16_FIELDS.get(type_name, []):
-        d = (rng.standard_normal(n_blocks) * 0.05).astype(np.float16)
-        raw[:, off : off + 2] = d.view(np.uint8).reshape(n_blocks, 2)
-    if type_name == "MXFP4":
-        raw[:, 0] %= 250  # 12 x 2^(e-128) overflows float32 above this
-    if type_name in ("F8_E4M3_B128", "MXFP8"):
-        # Avoid the e4m3 NaN codes and extreme exponents in value bytes / scale bytes.
-        nscale = 1 if type_name == "F8_E4M3_B128" else 8
-        vals = raw[:, nscale:]
-        vals[(vals & 0x7F) == 0x7F] ^= 1
-        raw[:, :nscale] = rng.integers(110, 140, (n_blocks, nscale), dtype=np.uint8)
-    return raw
-
-
-def _kv_bytes(key: str, value: Any, vtype: int | None = None) -> bytes:
-    kb = key.encode()
-    out = struct.pack("<Q", len(kb)) + kb
-    if isinstance(value, str):
-        vb = value.encode()
-        return out + struct.pack("<I", 8) + struct.pack("<Q", len(vb)) + vb
-    if isinstance(value, bool):
-        return out + struct.pack("<IB", 7, int(value))
-    if isinstance(value, int):
-        return out + struct.pack("<II", vtype if vtype is not None else 4, value)
-    if isinstance(value, float):
-        return out + struct.pack("<If", 6, value)
-    if isinstance(value, list):  # array of u32
-        return out + struct.pack("<IIQ", 9, 4, len(value)) + struct.pack(f"<{len(value)}I", *value)
-    raise TypeError(value)
-
-
-def write_raw_gguf(
-    path: Path,
-    kv: dict[str, Any],
-    tensors: list[tuple[str, str, tuple[int, ...], bytes]],
-    *,
-    alignment: int = 32,
-    version: int = 3,
-    magic: bytes = b"GGUF",
-    offsets: list[int] | None = None,
-) -> Path:
-    """Write a GGUF by hand: tensors are (name, type name, numpy-order shape, raw bytes)."""
-    head = magic + struct.pack("<IQQ", version, len(tensors), len(kv))
-    body = b"".join(_kv_bytes(k, v) for k, v in kv.items())
-    infos = b""
-    data = b""
-    offs = []
-    for *_info, raw in tensors:
-        pad = (-len(data)) % alignment
-        data += b"\0" * pad
-        offs.append(len(data))
-        data += raw
-    if offsets is not None:
-        offs = offsets
-    for (name, tname, shape, _raw), off in zip(tensors, offs, strict=True):
-        nb = name.encode()
-        dims = tuple(reversed(shape))
-        infos += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(dims))
-        infos += struct.pack(f"<{len(dims)}Q", *dims)
-        infos += struct.pack("<IQ", GGML_TYPES_BY_NAME[tname].id, off)
-    meta = head + body + infos
-    meta += b"\0" * ((-len(meta)) % alignment)
-    path.write_bytes(meta + data)
-    return path
-
-
-def write_gguf(path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]], kv: dict[str, Any] | None = None) -> Path:
-    """Write with gguf-py's GGUFWriter. tensors: name -> (type name, array).
-
-    Plain types take a typed array in logical shape; quantized types take uint8
-    [..., row_bytes] (the writer derives the logical shape; for fork types such as MXFP8 this
-    function does).
-    """
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), arch)
-    for k, v in (kv or {}).items():
-        if isinstance(v, str):
-            w.add_string(k, v)
-        elif isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        elif isinstance(v, list):
-            w.add_array(k, v)
-        else:
-            raise TypeError(v)
-    for name, (tname, arr) in tensors.items():
-        if tname in ("F32", "F16"):
-            w.add_tensor(name, arr)
-        elif tname == "BF16":  # uint16 bit patterns in logical shape -> bytes
-            b = np.ascontiguousarray(arr).view(np.uint8)
-            w.add_tensor(name, b, raw_dtype=gguf.GGMLQuantizationType.BF16)
-        elif tname in gguf.GGMLQuantizationType.__members__:
-            w.add_tensor(name, arr, raw_dtype=gguf.GGMLQuantizationType[tname])
-        else:  # a fork type gguf-py lacks: give the logical shape, the writer stores the id as is
-            info = GGML_TYPES_BY_NAME[tname]
-            shape = (*arr.shape[:-1], arr.shape[-1] // info.type_size * info.block_size)
-            # int8, not uint8: gguf-py would recompute the shape from a uint8 byte shape with its
-            # own (fork-less) block table.
-            w.add_tensor(name, np.ascontiguousarray(arr).view(np.int8), raw_shape=shape, raw_dtype=info.id)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+# tests/gguf/test_bounds.py still imports these two from here.
+from tests.gguf._helpers import random_blocks, write_gguf  # noqa: F401
 
 
 @pytest.fixture
@@ -144,22 +15,3 @@ def rng() -> np.random.Generator:
     seed = int(np.random.SeedSequence().entropy % (1 << 32))
     print(f"seed={seed}")
     return np.random.default_rng(seed)
-
-
-def served_tensors(folder: Path) -> dict[str, Any]:
-    """Every tensor SGLang gets from a converted folder: its safetensors shards, plus the engram tables
-    a converted GGUF leaves in the GGUF (engram_gguf.json), read whole through the same memory map."""
-    import torch
-    from safetensors.torch import load_file
-
-    from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
-
-    out: dict[str, Any] = {}
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        out.update(load_file(str(f)))
-    if (Path(folder) / SIDECAR).exists():
-        for source in read_sources(Path(folder) / SIDECAR).values():
-            table = EngramRows(source)
-            out[source.target + ".weight"], out[source.target + ".scale"] = table.gather(torch.arange(source.rows))
-            table.close()
-    return out

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from tests.gguf._helpers import random_blocks
 from winport.gguf.dequant import E4M3FN_VALUES, dequantize, supported_types
 from winport.gguf.types import GGML_QUANT_SIZES_EXCEPTIONS, GGML_TYPES, GGML_TYPES_BY_NAME
-
-from .conftest import random_blocks
 
 GGUF_PY_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                  "IQ4_NL", "IQ4_XS", "MXFP4", "NVFP4"]

@@ -28,12 +28,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.gguf._helpers import write_gguf
 from winport.gguf import GGUFError
 from winport.gguf.cli import main as cli_main
 from winport.gguf.export import checkpoint_to_gguf, draft_to_gguf
 from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
-from .conftest import write_gguf
 from .test_model_load import KV, tiny_v41_tensors
 from .test_sidecars import DRAFT_KV, TOKENIZER_KV, _tokens, draft_tensors
 

@@ -25,11 +25,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tests.gguf._helpers import random_blocks, write_gguf
 from winport.gguf import GGUFError
 from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
 from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
-from .conftest import random_blocks, write_gguf
 from .test_model_load import KV, tiny_v41_tensors
 from .test_sidecars import TOKENIZER_KV, _tokens
 

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from tests.gguf._helpers import write_raw_gguf
 from winport.gguf import convert as cv
 from winport.gguf import mxfp4_repack, open_gguf
 from winport.gguf.dequant import E4M3FN_VALUES
-
-from .conftest import write_raw_gguf
 
 FP8_MAX = np.float32(448.0)
 

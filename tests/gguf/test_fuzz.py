@@ -9,10 +9,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.gguf._helpers import random_blocks, write_gguf
 from winport.gguf import GGUFError
 from winport.gguf.reader import GGUFFile
-
-from .conftest import random_blocks, write_gguf
 
 _SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
 

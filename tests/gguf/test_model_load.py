@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 import torch
 
+from tests.gguf._helpers import random_blocks, write_gguf, write_raw_gguf
 from winport.gguf import GGUFError, load_gguf_model, open_gguf
 from winport.gguf.cli import dump_main, info_main
 from winport.gguf.convert import fp8_blocks_dequant, to_fp8_blocks
 from winport.gguf.mxfp4_repack import dequant_kt_mxfp4, gguf_mxfp4_to_kt
 from winport.gguf.names import plan_names
-
-from .conftest import random_blocks, write_gguf, write_raw_gguf
 
 H, QL, V, E, I_MOE, L = 64, 32, 96, 4, 32, 2  # hidden, q_lora, vocab, experts, moe inter, layers
 

@@ -9,10 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
+from tests.gguf._helpers import random_blocks, write_gguf, write_raw_gguf
 from winport.gguf import GGUFError, open_gguf
 from winport.gguf.reader import GGUFFile
-
-from .conftest import random_blocks, write_gguf, write_raw_gguf
 
 
 def _sample(rng: np.random.Generator) -> dict:

@@ -23,10 +23,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.gguf._helpers import write_gguf
 from winport.gguf import GGUFError, open_gguf
 from winport.gguf.to_checkpoint import gguf_to_checkpoint, sidecars
 
-from .conftest import write_gguf
 from .test_model_load import KV, E, H, L, V, _bf16, _f32, _q8, tiny_v41_tensors
 
 TOKENIZER_KV = {

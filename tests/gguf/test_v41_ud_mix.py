@@ -75,7 +75,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.gguf.conftest import served_tensors
+from tests.gguf._helpers import served_tensors
 from tests.helpers import REPO_ROOT
 
 CACHE = REPO_ROOT / ".cache" / "winport-test-gguf-v41"  # shared with test_v41_gguf (same demo folders)

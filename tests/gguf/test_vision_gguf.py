@@ -21,11 +21,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.gguf._helpers import served_tensors, write_gguf
 from winport.gguf import GGUFError
 from winport.gguf.cli import main as cli_main
 from winport.gguf.to_checkpoint import gguf_to_checkpoint
 
-from .conftest import served_tensors, write_gguf
 from .test_model_load import KV, H, _bf16, _f32, tiny_v41_tensors
 from .test_sidecars import MMPROJ_KV, TOKENIZER_KV, _tokens, mmproj_tensors, with_vl_biases
 

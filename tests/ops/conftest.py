@@ -11,7 +11,8 @@ import os
 import pytest
 import torch
 
-HAS_CUDA = torch.cuda.is_available()
+from tests.ops._helpers import HAS_CUDA
+
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 if os.environ.get("TRITON_INTERPRET") == "1":
@@ -28,22 +29,7 @@ if os.environ.get("WINPORT_RECORD_TRITON"):
 
     start_recording()
 
-# Paths every CPU test runs: the shim's torch reference and the Triton kernel (interpreted).
-PATHS = ["torch", "triton"]
-
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
-
-
-def poisoned(*shape: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> torch.Tensor:
-    """An output buffer filled with NaN (or -1 for integer dtypes) so unwritten elements fail."""
-    t = torch.empty(*shape, dtype=dtype, device=device)
-    return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-1)
-
-
-def assert_no_nan_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> None:
-    """assert_close that also refuses NaN anywhere in actual (NaN never passes)."""
-    assert not torch.isnan(actual.float()).any(), "NaN in output"
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=rtol, atol=atol)

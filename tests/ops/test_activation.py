@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_triton import activation
-from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
+from tests.ops._helpers import PATHS, assert_no_nan_close, poisoned
 
 FNS = {"silu": lambda g: F.silu(g), "gelu": lambda g: F.gelu(g), "gelu_tanh": lambda g: F.gelu(g, approximate="tanh")}
 SHIM = {"silu": "silu_and_mul", "gelu": "gelu_and_mul", "gelu_tanh": "gelu_tanh_and_mul"}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from kernels_triton import dsv4_kv_layout as kvl
-from tests.ops.conftest import PATHS
+from tests.ops._helpers import PATHS
 
 try:  # SGLang's shipped writer/reader; the GPU machine may not have sglang installed
     from sglang.kernels.ops.kvcache.dsv4_main_kv_store import NopeFp8RopeBf16Pack

@@ -17,7 +17,7 @@ from sglang.test.kernels.deepseek_v4.k_cache_reference import dequantize_k_cache
 
 from kernels_triton import dsv4_xpu_ops as XO
 from shims.sgl_kernel import dsv4_xpu as X
-from tests.ops.conftest import assert_no_nan_close, poisoned
+from tests.ops._helpers import assert_no_nan_close, poisoned
 
 sgl_common.get_device = lambda: "cpu"  # their context builders ask for an accelerator; we are on CPU
 

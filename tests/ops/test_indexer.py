@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from kernels_triton import indexer as ix
-from tests.ops.conftest import PATHS
+from tests.ops._helpers import PATHS
 
 try:  # SGLang's FP4 quantizer/writer; the GPU machine may not have sglang installed
     from sglang.test.kernels.deepseek_v4 import common

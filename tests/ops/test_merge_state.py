@@ -9,7 +9,7 @@ import sgl_kernel
 import torch
 
 from kernels_triton import merge_state
-from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
+from tests.ops._helpers import PATHS, assert_no_nan_close, poisoned
 
 
 def _ref(va: torch.Tensor, sa: torch.Tensor, vb: torch.Tensor, sb: torch.Tensor, base2: bool):

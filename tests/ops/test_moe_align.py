@@ -8,7 +8,7 @@ import sgl_kernel
 import torch
 
 from kernels_triton import moe_sum
-from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
+from tests.ops._helpers import PATHS, assert_no_nan_close, poisoned
 
 
 @pytest.mark.parametrize("tokens,topk,experts,block", [(1, 6, 64, 16), (33, 2, 160, 32), (64, 6, 384, 64)])

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels_triton import moe_routing
-from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
+from tests.ops._helpers import PATHS, assert_no_nan_close, poisoned
 
 
 def _check(w: torch.Tensor, ids: torch.Tensor, scores: torch.Tensor, choice: torch.Tensor, topk: int,

@@ -8,7 +8,7 @@ import sgl_kernel
 import torch
 
 from kernels_triton import norm
-from tests.ops.conftest import PATHS, assert_no_nan_close, poisoned
+from tests.ops._helpers import PATHS, assert_no_nan_close, poisoned
 
 TOL = {torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 2e-2), torch.float32: (1e-3, 1e-3)}
 

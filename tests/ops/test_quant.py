@@ -9,7 +9,7 @@ import sgl_kernel
 import torch
 
 from kernels_triton import quant
-from tests.ops.conftest import PATHS, poisoned
+from tests.ops._helpers import PATHS, poisoned
 
 FP8 = torch.float8_e4m3fn
 

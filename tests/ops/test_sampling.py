@@ -10,7 +10,7 @@ import sgl_kernel
 import torch
 
 from kernels_triton import sampling
-from tests.ops.conftest import assert_no_nan_close, poisoned
+from tests.ops._helpers import assert_no_nan_close, poisoned
 
 
 @pytest.fixture(autouse=True)

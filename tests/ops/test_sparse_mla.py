@@ -22,7 +22,7 @@ import torch
 
 from kernels_triton import dsv4_kv_layout as kvl
 from kernels_triton import sparse_mla as sm
-from tests.ops.conftest import PATHS
+from tests.ops._helpers import PATHS
 
 try:  # SGLang's shipped reader; the GPU machine may not have sglang installed
     from sglang.test.kernels.deepseek_v4 import k_cache_reference as sgl_ref

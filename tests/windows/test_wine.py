@@ -6,8 +6,9 @@ tests/windows/wine_harness.py provisions the interpreter (cached in .cache/wine/
     the SysV stub and /proc/cpuinfo report on Linux for the same CPU
   - install.ps1's interpreter probe refusing an embeddable Python
   - the op-equivalence suite (tests/ops) on CPU, torch path and Triton's interpreter
-  - engram rows read through a memory map of the GGUF (tests/gguf/test_engram_rows.py)
-  - `winport serve --demo` answering one chat completion over tcp (enable with SERVE_READY)
+  - engram rows read through a memory map of the GGUF (tests/gguf/test_engram_rows.py) and served to
+    SGLang from it (tests/patches/test_engram_rows_from_gguf.py)
+  - `winport serve --demo` answering one chat completion over tcp
 """
 
 from __future__ import annotations
@@ -32,13 +33,6 @@ import pytest
 from tests.helpers import REPO_ROOT
 from tests.windows import pwsh, wine_harness, wine_progress_plugin
 
-# The lead sets this to True once `winport serve --demo` works (issue 5); from then on the demo
-# test runs and fails when the server does not answer.
-SERVE_READY = True
-
-# SGLang modules that fail to import under Windows CPython today (found by this tier). Product bugs
-# for winport to fix; test_sglang_imports_on_windows is a strict xfail until all are fixed.
-KNOWN_SGLANG_IMPORT_BUGS: tuple[str, ...] = ()  # fixed by winport/platform/windows_compat.py
 # Modules whose import the demo server and the op tests need.
 SGLANG_MODULES_NEEDED = ("sglang", "sglang.srt.layers.moe.topk", "sglang.srt.managers.scheduler",
                          "sglang.srt.entrypoints.http_server")
@@ -202,11 +196,6 @@ def test_watchdog_ends_a_silent_run(windows_python: wine_harness.Provisioned) ->
     assert done.hung is None and done.returncode == 0 and "fine" in done.stdout
 
 
-def _ops_tests() -> list[Path]:
-    ops = REPO_ROOT / "tests" / "ops"
-    return sorted(ops.glob("test_*.py")) if ops.is_dir() else []
-
-
 @dataclass
 class _OpsRun:
     """One Windows CPython process of the op suite: its output and what the progress file recorded."""
@@ -313,7 +302,6 @@ def test_a_crashed_test_is_rerun_in_a_fresh_process(windows_python: wine_harness
 
 
 @pytest.mark.wine
-@pytest.mark.skipif(not _ops_tests(), reason="tests/ops has no tests yet (being written)")
 def test_ops_suite_on_windows_cpu(windows_python: wine_harness.Provisioned, tmp_path: Path) -> None:
     """tests/ops on CPU under Windows CPython: torch references and Triton kernels in the interpreter.
 
@@ -344,17 +332,19 @@ def test_ops_suite_on_windows_cpu(windows_python: wine_harness.Provisioned, tmp_
     assert not failed, f"failed under Windows CPython: {failed}"
 
 
+ENGRAM_TESTS = ("tests/gguf/test_engram_rows.py", "tests/patches/test_engram_rows_from_gguf.py")
+
+
 @pytest.mark.wine
 def test_engram_rows_from_the_gguf_map_on_windows(windows_python: wine_harness.Provisioned) -> None:
     """Engram rows gathered through a read-only memory map of the GGUF (winport.gguf.engram_rows and
     its SGLang patch) under Windows CPython, where mmap offsets must sit on 64 KiB boundaries."""
-    proc = _run_watched(["-m", "pytest", "tests/gguf/test_engram_rows.py", "-q", "-p", "no:cacheprovider"],
-                        what="pytest tests/gguf/test_engram_rows.py under Windows CPython", timeout=600, stall=400)
-    out = _check(proc, "pytest tests/gguf/test_engram_rows.py under Windows CPython")
-    # Every test the module has on Linux must have run and passed under Windows.
+    proc = _run_watched(["-m", "pytest", *ENGRAM_TESTS, "-q", "-p", "no:cacheprovider"],
+                        what="pytest of the engram-row tests under Windows CPython", timeout=600, stall=400)
+    out = _check(proc, "pytest of the engram-row tests under Windows CPython")
+    # Every test the modules have on Linux must have run and passed under Windows.
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             "tests/gguf/test_engram_rows.py"], capture_output=True, text=True, cwd=REPO_ROOT,
-                            timeout=300)
+                             *ENGRAM_TESTS], capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     n = sum("::" in line for line in listed.stdout.splitlines())
     assert n >= 10, listed.stdout[-2000:]
     assert re.search(rf"\b{n} passed\b", out) and "skipped" not in out, (n, out[-2000:])
@@ -374,7 +364,6 @@ def _request(url: str, body: dict[str, object] | None = None, timeout: float = 1
 
 
 @pytest.mark.wine
-@pytest.mark.skipif(not SERVE_READY, reason="demo server not built yet (issue 5)")
 def test_demo_server_answers_a_chat_completion(windows_python: wine_harness.Provisioned) -> None:
     """`winport serve --demo` under Windows CPython answers over tcp on the loopback interface."""
     port = _free_port()

@@ -1,6 +1,6 @@
 """pytest plugin for the wine tier's run of tests/ops under Windows CPython (`-p` loads it there).
 
-Some SGLang modules fail to import on Windows (test_wine.KNOWN_SGLANG_IMPORT_BUGS) with errors
+An SGLang module that fails to import on Windows can fail with errors
 other than ImportError (AttributeError, ZMQError), and a second attempt on the half-initialised
 package raises KeyError; `pytest.importorskip` then errors instead of skipping the comparisons
 against SGLang's own references. Before collection this plugin imports every SGLang module that
