@@ -90,6 +90,10 @@ WINPORT_ENGRAM_GGUF = EnvVar(
     "WINPORT_ENGRAM_GGUF", "path", None, default_text="unset",
     why="Set by `winport serve` for its server: the converted checkpoint's engram_gguf.json, whose tables "
         "SGLang's processes read from the GGUF's memory map (winport.patches.engram_rows_from_gguf).")
+WINPORT_KT_MOE = EnvVar(
+    "WINPORT_KT_MOE", "bool", False, default_text="set by `winport serve`",
+    why="1: winport's kt-kernel MoE method serves the routed experts (winport.hybrid); `winport serve` sets it "
+        "for a CPU server or with --gpu-experts N; 0 keeps the torch/Triton experts.")
 WINPORT_GGUF_THREADS = EnvVar(
     "WINPORT_GGUF_THREADS", "int", None, default_text="torch's intra-op threads",
     why="Worker threads for load-time GGUF conversion.")
@@ -179,6 +183,10 @@ OPENBLAS_NUM_THREADS = EnvVar(
 KT_KERNEL_CPU_VARIANT = EnvVar(
     "KT_KERNEL_CPU_VARIANT", "str", None, owner="kt-kernel", default_text="cpuid",
     why="kt-kernel's override of its CPU variant, honoured by winport's variant choice (winport.ktkernel).")
+KT_FORCE_SYNC_SUBMIT = EnvVar(
+    "KT_FORCE_SYNC_SUBMIT", "bool", False, owner="kt-kernel", true=_KT_TRUE, false=_KT_FALSE,
+    why="Set to 1 for a CPU-only server: kt-kernel's only path that computes on CPU tensors (its stream "
+        "path returns zeros there without an error; winport.hybrid.kt_experts refuses it).")
 KT_KERNEL_DEBUG = EnvVar(
     "KT_KERNEL_DEBUG", "bool", False, owner="kt-kernel", true=_KT_TRUE, false=_KT_FALSE,
     why="kt-kernel's debug output; winport's extension loader prints what it chose too.")
@@ -194,7 +202,7 @@ XDG_CACHE_HOME = EnvVar(
 
 _OWN = (
     WINPORT_EMULATE_WINDOWS, WINPORT_PLATFORM, WINPORT_SHIMS, WINPORT_CACHE, WINPORT_READY_TIMEOUT,
-    WINPORT_CUDA_GRAPH, WINPORT_GPU_MXFP4_MOE, WINPORT_CPU_TORCH_KERNELS, WINPORT_ENGRAM_GGUF,
+    WINPORT_CUDA_GRAPH, WINPORT_GPU_MXFP4_MOE, WINPORT_CPU_TORCH_KERNELS, WINPORT_ENGRAM_GGUF, WINPORT_KT_MOE,
     WINPORT_GGUF_THREADS, WINPORT_GGUF_REPACK_CHUNK, WINPORT_GGUF_DEQUANT_CHUNK,
 )
 _TEST_VARS = (
@@ -206,7 +214,7 @@ _FOREIGN = (
     SGLANG_IS_FLASHINFER_AVAILABLE, SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK, SGLANG_DSV4_FP4_DEQUANT,
     SGLANG_FP8_PAGED_MQA_LOGITS_TORCH, SGLANG_OPT_FP8_WO_A_GEMM, SGLANG_CPU_OMP_THREADS_BIND,
     SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, KT_KERNEL_CPU_VARIANT,
-    KT_KERNEL_DEBUG, PYTHONUTF8, LOCALAPPDATA, XDG_CACHE_HOME,
+    KT_FORCE_SYNC_SUBMIT, KT_KERNEL_DEBUG, PYTHONUTF8, LOCALAPPDATA, XDG_CACHE_HOME,
 )
 
 

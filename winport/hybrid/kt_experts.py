@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
+from winport import envs
 from winport.hybrid.settings import KTSettings
 
 logger = logging.getLogger(__name__)
 
-SYNC_ENV = "KT_FORCE_SYNC_SUBMIT"
+SYNC_ENV = envs.KT_FORCE_SYNC_SUBMIT.name
 PROJS = ("w1", "w3", "w2")  # gate, up, down: kt-kernel's and DeepSeek's checkpoint names
 KINDS = ("weight", "scale")
 
@@ -125,10 +125,10 @@ class KTExperts:
         self.on_cpu_torch = not torch.cuda.is_available()
         if self.on_cpu_torch:
             # The only kt-kernel path that computes on CPU tensors (module docstring).
-            if os.environ.get(SYNC_ENV, "1") != "1":
-                raise SilentZeroPathError(f"{SYNC_ENV}={os.environ[SYNC_ENV]!r} on CPU-only torch: kt-kernel's "
+            if envs.KT_FORCE_SYNC_SUBMIT.is_set() and not envs.KT_FORCE_SYNC_SUBMIT.get():
+                raise SilentZeroPathError(f"{SYNC_ENV}={envs.KT_FORCE_SYNC_SUBMIT.raw()!r} on CPU-only torch: kt-kernel's "
                                           "stream path would return zeros; unset it or set it to 1")
-            os.environ[SYNC_ENV] = "1"
+            envs.set_default(envs.KT_FORCE_SYNC_SUBMIT, "1")
         kt = import_kt()
         self.layer_idx, self.num_experts, self.top_k = layer_idx, num_experts, top_k
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
@@ -224,7 +224,7 @@ class KTExperts:
     def _check(self, x: torch.Tensor) -> None:
         if not self.loaded:
             raise RuntimeError(f"layer {self.layer_idx}: kt-kernel experts used before their weights were loaded")
-        if x.device.type == "cpu" and os.environ.get(SYNC_ENV) != "1":
+        if x.device.type == "cpu" and not envs.KT_FORCE_SYNC_SUBMIT.get():
             raise SilentZeroPathError(f"layer {self.layer_idx}: CPU tensors without {SYNC_ENV}=1 would take "
                                       "kt-kernel's stream path, which returns zeros")
 

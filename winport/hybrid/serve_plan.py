@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
+from winport import envs
 from winport.hybrid.settings import ENV_ENABLE, default_cpu_threads, numa_nodes
 
 
@@ -36,7 +36,7 @@ def expert_plan(device: str, tp: int, gpu_experts: int | None, cpu_threads: int 
         raise ValueError(f"--gpu-experts {gpu_experts}: the server runs on the CPU (no CUDA GPU)")
     fallback = ("the torch W4A16 reference (winport.patches.cpu_mxfp4_moe)" if device == "cpu"
                 else "the GPU (all experts resident)")
-    if os.environ.get(ENV_ENABLE) == "0":
+    if envs.WINPORT_KT_MOE.is_set() and not envs.WINPORT_KT_MOE.get():
         return ExpertPlan(line=f"routed experts run in {fallback}: {ENV_ENABLE}=0")
     if device != "cpu" and gpu_experts is None:
         return ExpertPlan(line=f"routed experts run in {fallback}; --gpu-experts N keeps N a layer there and "
@@ -53,7 +53,7 @@ def expert_plan(device: str, tp: int, gpu_experts: int | None, cpu_threads: int 
     how = f"{threads} thread(s) in {pools} pool(s)"
     if device == "cpu":
         # kt-kernel's only path that computes on CPU tensors (winport.hybrid.kt_experts).
-        env["KT_FORCE_SYNC_SUBMIT"] = "1"
+        envs.set_for_child(env, envs.KT_FORCE_SYNC_SUBMIT, "1")
         line = f"routed experts run in kt-kernel on the CPU (MXFP4, synchronous path: no GPU), {how}"
     else:
         line = (f"routed experts: {gpu_experts} a layer on the GPU, the rest in kt-kernel on the CPU (MXFP4, "

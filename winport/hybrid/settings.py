@@ -16,7 +16,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-ENV_ENABLE = "WINPORT_KT_MOE"  # "1": winport's kt-kernel MoE method serves the routed experts
+from winport import envs
+
+ENV_ENABLE = envs.WINPORT_KT_MOE.name  # "1": winport's kt-kernel MoE method serves the routed experts
 # kt-kernel's C++ output buffer is sized by its chunked_prefill_size; with SGLang's chunked prefill
 # off (-1/None) winport still needs a bound, and splits longer inputs into chunks of this size.
 DEFAULT_KT_CHUNK = 8192
@@ -56,7 +58,7 @@ def default_cpu_threads() -> int:
 
 def enabled_by_env() -> bool:
     """Whether WINPORT_KT_MOE=1 asks for winport's kt-kernel MoE method."""
-    return os.environ.get(ENV_ENABLE, "0") == "1"
+    return bool(envs.WINPORT_KT_MOE.get())
 
 
 def from_sglang() -> KTSettings:
