@@ -56,9 +56,10 @@ from kernels_triton.fp8_gemm import _round_bf16
 from kernels_triton.moe_sum import moe_sum_triton
 from kernels_triton.mxfp4_moe import _scale_pair
 
-# mxfp4_moe() takes this path when T * top_k <= GEMV_MAX_SLOTS (8 tokens at top-6). A first bound,
-# from the design (the GEMV's arithmetic grows with the tokens per expert, the tl.dot kernels' does
-# not): the H200 run of scripts/bench/mxfp4_moe.py (GEMV vs tl.dot per batch) is to set it.
+# mxfp4_moe() takes this path when T * top_k <= GEMV_MAX_SLOTS (8 tokens at top-6). Measured on the
+# H200 at V4.1 shapes (scripts/bench/RESULTS.md, "MXFP4 MoE decode GEMV", 2026-12-01), in a CUDA graph
+# with DEFAULT_GEMV_CONFIG against the tl.dot kernels: T = 1 106.6 vs 270.7 us, T = 2 224.9 vs 439.4,
+# T = 5 544.6 vs 730.4, T = 8 964.6 vs 1051.4, T = 64 6384 vs 5005: the GEMV wins up to 8 tokens.
 GEMV_MAX_SLOTS = 48
 # Rows (tokens) one leader serves; more tokens on one expert take several leaders (weights re-read).
 GEMV_MAX_ROWS = 8
@@ -83,9 +84,10 @@ class GemvMoeConfig:
     max_rows: int = GEMV_MAX_ROWS
 
 
-# A first choice (H = 5120 is 5 steps of 1024 columns, one warp along K); not yet timed on a GPU:
-# scripts/bench/mxfp4_moe.py --gemv-sweep times the alternatives.
-DEFAULT_GEMV_CONFIG = GemvMoeConfig()
+# The fastest of the 12 tiles `scripts/bench/mxfp4_moe.py --gemv-sweep` timed on the H200 at every
+# T in 1, 2, 5, 8 (2026-12-01; the former 4 x 1024 one-warp default took 159-1694 us where this
+# takes 107-965): 8 rows x 512 columns on two warps for gate/up, 8 x 256 on one warp for down.
+DEFAULT_GEMV_CONFIG = GemvMoeConfig(gu_block_n=8, gu_block_k=512, gu_warps=2, dn_block_n=8, dn_block_k=256, dn_warps=1)
 
 
 # ------------------------------------------------------------------------------------------ jit helpers

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from kernels_triton import mxfp4_moe as mm
-from tests.ops.conftest import HAS_CUDA, poisoned
+from tests.ops._helpers import HAS_CUDA, poisoned
 
 U = 2.0 ** -8  # bf16 unit roundoff (8 significant bits)
 F32 = 2.0 ** -24  # fp32 unit roundoff
