@@ -119,6 +119,18 @@ def test_tp2_gives_the_tp1_greedy_tokens_and_prompt_logprobs(answers: dict[int, 
         assert min(gaps[: first_diff + 1]) < 0.1, f"greedy tokens differ at {first_diff} without a near-tie"
 
 
+def test_tp2_listens_on_loopback_only(servers: dict[int, Server]) -> None:
+    """Both ranks' gloo groups and their rendezvous (winport.patches.loopback_distributed) included."""
+    import ipaddress
+
+    from tests.serve._server import listeners
+
+    found = listeners(servers[2])
+    assert len({pid for pid, *_ in found}) >= 3, f"the launcher and both ranks listen (zmq, gloo): {found}"
+    beyond = [s for s in found if not ipaddress.ip_address(s[3]).is_loopback]
+    assert not beyond, f"listeners reachable from the network: {beyond}"
+
+
 def test_ctrl_c_stops_both_ranks(servers: dict[int, Server], answers: dict[int, dict[str, object]]) -> None:
     import psutil
 
