@@ -190,6 +190,14 @@ KT_FORCE_SYNC_SUBMIT = EnvVar(
 KT_KERNEL_DEBUG = EnvVar(
     "KT_KERNEL_DEBUG", "bool", False, owner="kt-kernel", true=_KT_TRUE, false=_KT_FALSE,
     why="kt-kernel's debug output; winport's extension loader prints what it chose too.")
+NCCL_SOCKET_IFNAME = EnvVar(
+    "NCCL_SOCKET_IFNAME", "str", None, owner="NCCL", default_text="NCCL's choice",
+    why="Set to `lo` in a one-machine server's ranks on Linux unless given (winport.patches.loopback_distributed): "
+        "NCCL's bootstrap sockets stay on loopback.")
+GLOO_SOCKET_IFNAME = EnvVar(
+    "GLOO_SOCKET_IFNAME", "str", None, owner="gloo", default_text="the host name's interface",
+    why="Ignored on one machine with torch 2.14 (gloo devices are made for 127.0.0.1); with an older torch "
+        "that lacks the gloo creator winport replaces, set to `lo` in the ranks unless given (Linux).")
 PYTHONUTF8 = EnvVar(
     "PYTHONUTF8", "bool", False, owner="Python", true=("1",), false=("0",),
     why="Set by `winport serve`: SGLang opens JSON files without encoding=, which on Windows means cp1252.")
@@ -214,7 +222,8 @@ _FOREIGN = (
     SGLANG_IS_FLASHINFER_AVAILABLE, SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK, SGLANG_DSV4_FP4_DEQUANT,
     SGLANG_FP8_PAGED_MQA_LOGITS_TORCH, SGLANG_OPT_FP8_WO_A_GEMM, SGLANG_CPU_OMP_THREADS_BIND,
     SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, KT_KERNEL_CPU_VARIANT,
-    KT_FORCE_SYNC_SUBMIT, KT_KERNEL_DEBUG, PYTHONUTF8, LOCALAPPDATA, XDG_CACHE_HOME,
+    KT_FORCE_SYNC_SUBMIT, KT_KERNEL_DEBUG, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, PYTHONUTF8, LOCALAPPDATA,
+    XDG_CACHE_HOME,
 )
 
 

@@ -21,6 +21,11 @@ takes part). NCCL's bootstrap sockets likewise stay on the loopback interface on
 (NCCL_SOCKET_IFNAME=lo unless the user set it; Windows has no NCCL). A multi-node launch keeps
 upstream's TCP rendezvous untouched.
 
+torch before 2.14 (2.11 on the GPU test machine) has no `_create_gloo_process_group` to replace: its
+gloo groups take their device from GLOO_SOCKET_IFNAME, so there the ranks get GLOO_SOCKET_IFNAME=lo
+unless it is set
+(Linux; winport pins torch 2.14.1, so Windows installs take the first route).
+
 The store file lives in the temporary folder, named after the launching process (the common parent
 of the ranks: its pid and start time) and the nccl_port. torch's FileStore leaves the file behind
 when a rank process ends without destroying its process groups (SGLang's ranks do), so `winport
@@ -36,6 +41,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from winport import envs
 from winport.patches._base import register, require_source
 
 TARGET = "sglang.srt.distributed.parallel_state.init_distributed_environment"
@@ -124,11 +130,24 @@ def create_loopback_gloo_group(opts: Any, backend_options: object | None) -> Any
     return ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, options)
 
 
-def use_loopback_gloo() -> None:
-    """Make torch create every later gloo group on 127.0.0.1 (whether or not the builtin gloo backend
-    is registered yet)."""
+def has_gloo_creator() -> bool:
+    """Whether this torch builds gloo groups through `_create_gloo_process_group` (torch 2.14)."""
     from torch.distributed import distributed_c10d as c10d
 
+    return hasattr(c10d, "_create_gloo_process_group")
+
+
+def use_loopback_gloo() -> None:
+    """Make torch create every later gloo group on 127.0.0.1 (whether or not the builtin gloo backend
+    is registered yet); on a torch without the creator, through GLOO_SOCKET_IFNAME (module docstring)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    if not has_gloo_creator():
+        if sys.platform == "win32":
+            raise RuntimeError("torch.distributed has no _create_gloo_process_group: winport needs the pinned "
+                               "torch (2.14) to keep gloo on 127.0.0.1 on Windows")
+        envs.set_default(envs.GLOO_SOCKET_IFNAME, "lo")  # a user's own choice stands
+        return
     c10d._create_gloo_process_group = create_loopback_gloo_group
     plugin = c10d.Backend._plugins.get("GLOO")
     if plugin is not None:
@@ -150,7 +169,7 @@ def _around(original: Any, *args: Any, **kwargs: Any) -> Any:
         return original(*args, **kwargs)
     use_loopback_gloo()
     if sys.platform != "win32":
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        envs.set_default(envs.NCCL_SOCKET_IFNAME, "lo")
     logger.info("winport: ranks meet through %s, gloo on %s (one machine: no network listener)",
                 replacement, LOOPBACK)
     if set_method is not None:
@@ -161,8 +180,9 @@ def _around(original: Any, *args: Any, **kwargs: Any) -> Any:
 def register_patch() -> None:
     """Check upstream (SGLang's rendezvous call, torch's gloo creator) and register the hook."""
     require_source(TARGET, "torch.distributed.init_process_group(", "init_method=distributed_init_method")
-    require_source(GLOO_TARGET, "ProcessGroupGloo(", "opts.store", "enable_reconfigure=opts.enable_reconfigure",
-                   "global_ranks_in_group", "group_name = opts.group_id")
-    require_source("torch.distributed.distributed_c10d._register_builtin_gloo_backend",
-                   "_create_gloo_process_group")
+    if has_gloo_creator():
+        require_source(GLOO_TARGET, "ProcessGroupGloo(", "opts.store", "enable_reconfigure=opts.enable_reconfigure",
+                       "global_ranks_in_group", "group_name = opts.group_id")
+        require_source("torch.distributed.distributed_c10d._register_builtin_gloo_backend",
+                       "_create_gloo_process_group")
     register(TARGET, _around, "AROUND")
