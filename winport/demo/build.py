@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 
 from winport.demo.config import demo_config
@@ -54,6 +56,13 @@ def is_current(folder: Path, variant: str = "v4", quantized: bool | None = None)
         return False
 
 
+def _stamp_digest(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / STAMP).read_text()).get("sha256")
+    except (OSError, ValueError):
+        return None
+
+
 def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool = False,
                quantized: bool | None = None) -> Path:
     """Write the demo model into folder (atomically: a partial folder is never left as current).
@@ -69,8 +78,12 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
 
     say = (lambda *_: None) if quiet else (lambda msg: print(f"winport demo-model: {msg}", flush=True))
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".partial")
-    tmp.mkdir(parents=True, exist_ok=True)
+    # One partial folder per process: two servers started at once (a test, a user's second terminal)
+    # both build the demo, and a shared partial folder let one rename it under the other's writes.
+    tmp = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
     config = demo_config(variant)
     say("training the tokenizer")
     # The vision variant's image token is added after training: the trained vocabulary stays the V4.1 demo's.
@@ -109,11 +122,12 @@ def build_demo(folder: Path, variant: str = "v4", seed: int = 0, *, quiet: bool 
     stamp = {"format": FORMAT_VERSION, "variant": variant, "seed": seed, "quantized": quantized, "files": files,
              "sha256": _digest(tmp, files)}
     (tmp / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    if folder.exists():
-        for p in folder.iterdir():
-            p.unlink()
-        folder.rmdir()
-    tmp.rename(folder)
+    if is_current(folder, variant, quantized) and _stamp_digest(folder) == stamp["sha256"]:
+        shutil.rmtree(tmp)  # another process finished the same build first: keep the folder it wrote
+    else:
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
     say(f"wrote {folder} ({sum(t.numel() for t in tensors.values()) / 1e6:.1f}M parameters)")
     return folder
 
