@@ -36,8 +36,10 @@ HYBRID_LINE = "routed experts: 4 a layer on the GPU, the rest in kt-kernel on th
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[Server, Server]]:
     """(hybrid server, all-GPU server)."""
-    hybrid = start(["--demo", "--gpu-experts", "4"])
-    full = start(["--demo"])
+    # Two servers share the GPU: each gets a budget (SGLang's default fraction would let the first
+    # take the whole card and the second fail out of memory).
+    hybrid = start(["--demo", "--gpu-experts", "4", "--vram-gib", "32"])
+    full = start(["--demo", "--vram-gib", "32"])
     try:
         wait_ready(hybrid)
         wait_ready(full)
