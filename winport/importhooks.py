@@ -29,18 +29,36 @@ class _PatchingLoader(importlib.abc.Loader):
         self.patch(module)
 
 
-class PostImportFinder(importlib.abc.MetaPathFinder):
+SearchPath = Sequence[str] | None
+Spec = importlib.machinery.ModuleSpec | None
+
+
+class NameFinder(importlib.abc.MetaPathFinder):
+    """The meta-path protocol spelled once for winport's finders, which each decide by the module's name.
+
+    Subclasses implement `find`, which also gets the top-level package name (`top`) most of them key on.
+    """
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: SearchPath = None,
+        target: types.ModuleType | None = None,
+    ) -> Spec:
+        return self.find(fullname, fullname.partition(".")[0], path, target)
+
+    def find(self, fullname: str, top: str, path: SearchPath, target: types.ModuleType | None) -> Spec:
+        """The spec for `fullname` (top-level package `top`), or None to let the later finders look."""
+        raise NotImplementedError
+
+
+class PostImportFinder(NameFinder):
     """Wraps the loader of each registered module name so its patch runs after it executes."""
 
     def __init__(self) -> None:
         self.patches: dict[str, Patch] = {}
 
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None = None,
-        target: types.ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
+    def find(self, fullname: str, top: str, path: SearchPath, target: types.ModuleType | None) -> Spec:
         patch = self.patches.get(fullname)
         if patch is None:
             return None

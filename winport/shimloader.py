@@ -17,9 +17,8 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
-from collections.abc import Sequence
 
-from winport import envs, linux_only, winemu
+from winport import envs, importhooks, linux_only, winemu
 
 # Upstream import name -> pip distribution that provides it (for messages and `winport doctor`).
 SHIMMED_LIBRARIES: dict[str, str] = {**linux_only.SHIMMED_PACKAGES, **linux_only.POSIX_ONLY_MODULES}
@@ -50,7 +49,7 @@ class _AliasLoader(importlib.abc.Loader):
         return None
 
 
-class ShimFinder(importlib.abc.MetaPathFinder):
+class ShimFinder(importhooks.NameFinder):
     """Meta-path finder that maps shimmed top-level names (and their submodules) to `shims.*`."""
 
     def __init__(self) -> None:
@@ -80,13 +79,9 @@ class ShimFinder(importlib.abc.MetaPathFinder):
             self._decided[top] = forced or (mode != "off" and not self._real_exists(top))
         return self._decided[top]
 
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None = None,
-        target: types.ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
-        top = fullname.partition(".")[0]
+    def find(
+        self, fullname: str, top: str, path: importhooks.SearchPath, target: types.ModuleType | None
+    ) -> importhooks.Spec:
         if top not in SHIMMED_LIBRARIES or not self.use_shim(top):
             return None
         shim_name = f"{SHIM_PACKAGE}.{fullname}"

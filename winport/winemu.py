@@ -9,15 +9,13 @@ listed in README.md. Standard library only (installed from a .pth file at interp
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import signal
 import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from winport import envs, linux_only
+from winport import envs, importhooks, linux_only
 
 ENV_VAR = envs.WINPORT_EMULATE_WINDOWS.name
 
@@ -91,16 +89,12 @@ POST_IMPORT_PATCHES: dict[str, Callable[[types.ModuleType], None]] = {
 }
 
 
-class BlockFinder(importlib.abc.MetaPathFinder):
+class BlockFinder(importhooks.NameFinder):
     """Refuses submodules of blocked packages (the packages themselves are None in sys.modules)."""
 
-    def find_spec(
-        self,
-        fullname: str,
-        path: Sequence[str] | None = None,
-        target: types.ModuleType | None = None,
-    ) -> importlib.machinery.ModuleSpec | None:
-        top = fullname.partition(".")[0]
+    def find(
+        self, fullname: str, top: str, path: importhooks.SearchPath, target: types.ModuleType | None
+    ) -> importhooks.Spec:
         if top in BLOCKED_MODULES:
             raise ModuleNotFoundError(
                 f"No module named {fullname!r} (WINPORT_EMULATE_WINDOWS=1: it has no Windows build)",
@@ -152,8 +146,6 @@ def install() -> bool:
 
     # Windows has only the spawn start method; a child must rebuild everything itself.
     multiprocessing.set_start_method("spawn", force=True)
-    from winport import importhooks
-
     for name, patch in POST_IMPORT_PATCHES.items():
         importhooks.on_import(name, patch)
     return True
