@@ -31,6 +31,8 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from roofline import median_ms  # noqa: E402  (sibling module: scripts/bench is on sys.path)
+
 from kernels_triton.fp8_gemm import (  # noqa: E402
     GemmConfig,
     GemvConfig,
@@ -54,23 +56,6 @@ PREFILL_SWEEP = {
 }
 
 
-def bench(fn, reps: int = 50) -> float:
-    """Median milliseconds of `fn()` over `reps` CUDA-event-timed calls (after warm-up)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def graph_bench(calls: list, reps: int = 20) -> float:
     """Milliseconds per call of `calls`, captured in one CUDA graph (as SGLang's decode runs): no
     Python/launch overhead in the number, only GPU time."""
@@ -81,13 +66,13 @@ def graph_bench(calls: list, reps: int = 20) -> float:
     with torch.cuda.graph(g):
         for f in calls:
             f()
-    return bench(g.replay, reps) / len(calls)
+    return median_ms(g.replay, reps) / len(calls)
 
 
 def copy_bandwidth() -> float:
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src), 20)
+    ms = median_ms(lambda: dst.copy_(src), 20)
     return 2 * src.numel() / ms / 1e6  # GB/s
 
 

@@ -35,14 +35,13 @@ import datetime
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from roofline import graph_time  # noqa: E402  (sibling module: scripts/bench is on sys.path)
+from roofline import graph_time, median_ms  # noqa: E402  (sibling module: scripts/bench is on sys.path)
 
 from kernels_triton import mxfp4_moe as mm  # noqa: E402
 from kernels_triton import mxfp4_moe_gemv as gv  # noqa: E402
@@ -61,28 +60,6 @@ GEMV_SWEEP = [gv.GemvMoeConfig(gn, gk, gw, dn, dk, dw) for gn, gk, gw, dn, dk, d
     (1, 1024, 1, 1, 1024, 1), (8, 512, 2, 8, 256, 1), (4, 4096, 4, 4, 2048, 2), (16, 256, 1, 16, 256, 1))]
 
 
-def bench(fn: Callable[[], object], reps: int = 30) -> float:
-    """Median milliseconds of fn() (CUDA events on a GPU, perf_counter on CPU), after warm-up."""
-    for _ in range(3):
-        fn()
-    cuda = torch.cuda.is_available()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
-
-
 def graph_bench(calls: list[Callable[[], object]], reps: int = 20) -> float:
     """Milliseconds per call of `calls` captured in one CUDA graph (GPU time only, no launch overhead)."""
     return graph_time(lambda: [f() for f in calls], iters=reps) * 1e3 / len(calls)
@@ -93,7 +70,7 @@ def copy_bandwidth(dev: str) -> float:
     n = (1 << 30) if dev == "cuda" else (1 << 24)
     src = torch.empty(n, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src), 10)
+    ms = median_ms(lambda: dst.copy_(src), 10)
     return 2 * n / ms / 1e6
 
 
@@ -143,7 +120,7 @@ def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torc
 
     def timed(label: str, cfg: mm.MoeConfig | gv.GemvMoeConfig, key: str) -> float:
         """Eager and (decode) CUDA-graph time of one path; prints a line and fills row[key*]."""
-        ms = bench(lambda: call(cfg), 30 if dev == "cuda" else 2)
+        ms = median_ms(lambda: call(cfg), 30 if dev == "cuda" else 2)
         row[f"{key}_ms"] = ms
         line = (f"         {label:<8} {ms * 1e3:9.1f} us eager ({100 * wbytes / ms / 1e6 / copy_bw:5.1f}% of copy)"
                 f" cfg {tuple(cfg.__dict__.values())}")
@@ -189,7 +166,7 @@ def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torc
         row["sweep"] = []
         for c in SWEEP:
             try:
-                sms = bench(lambda c=c: call(c), 20 if dev == "cuda" else 1)
+                sms = median_ms(lambda c=c: call(c), 20 if dev == "cuda" else 1)
             except Exception as exc:  # noqa: BLE001 - a config may exceed shared memory on a target
                 print(f"         sweep {tuple(c.__dict__.values())}: failed {exc!r}")
                 continue
@@ -198,13 +175,13 @@ def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torc
                   f"({100 * wbytes / sms / 1e6 / copy_bw:5.1f}% of copy)")
     if not args.no_baseline:
         ids, tw = draws[0]
-        dq = bench(lambda: torch_moe(x, ids, tw, lambda j: (dequant_bf16(w13[j], s13[j]),
+        dq = median_ms(lambda: torch_moe(x, ids, tw, lambda j: (dequant_bf16(w13[j], s13[j]),
                                                             dequant_bf16(w2[j], s2[j])), limit),
                    10 if dev == "cuda" else 1)
         row["dequant_matmul_ms"] = dq
         line = f"         baselines (one routing): dequant+matmul {dq * 1e3:9.1f} us"
         if resident is not None:
-            rs = bench(lambda: torch_moe(x, ids, tw, lambda j: resident[j], limit), 10 if dev == "cuda" else 1)
+            rs = median_ms(lambda: torch_moe(x, ids, tw, lambda j: resident[j], limit), 10 if dev == "cuda" else 1)
             row["bf16_resident_ms"] = rs
             line += f", bf16-resident matmul {rs * 1e3:9.1f} us"
         print(line)

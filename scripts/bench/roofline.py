@@ -3,6 +3,7 @@ root as `python3 scripts/bench/<name>.py`; this module is imported as a sibling)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -20,6 +21,34 @@ def cuda_time(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> flo
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) / 1e3 / iters
+
+
+def median_ms(fn: Callable[[], object], reps: int, warmup: int = 3) -> float:
+    """Median milliseconds of one call of `fn` over `reps` timed calls, after `warmup` untimed ones.
+
+    CUDA events around each call on a GPU, perf_counter on the CPU; the median keeps one slow call
+    (a compile, a clock change) out of the figure.
+    """
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if cuda:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2]
 
 
 def graph_time(fn: Callable[[], object], iters: int = 50) -> float:
