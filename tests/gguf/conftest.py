@@ -5,9 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-# tests/gguf/test_bounds.py still imports these two from here.
-from tests.gguf._helpers import random_blocks, write_gguf  # noqa: F401
-
 
 @pytest.fixture
 def rng() -> np.random.Generator:

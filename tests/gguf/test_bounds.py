@@ -9,11 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.gguf._helpers import random_blocks, write_gguf
 from winport.gguf import GGUFError, names
 from winport.gguf.bounds import MAX_LAYERS, MAX_POSITIONS, check_hparams
 from winport.gguf.reader import open_gguf
-
-from .conftest import random_blocks, write_gguf
 
 
 def _tiny(path: Path, kv: dict, arch: str = "deepseek41", layers: int = 2) -> Path:
