@@ -14,16 +14,14 @@ continuations shifted by one must fail it.
 
 from __future__ import annotations
 
-import json
 import statistics
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers import REPO_ROOT
 from tests.serve import _greedy_judge as greedy_judge
-from tests.serve._server import Server, start, stop, wait_ready
+from tests.serve._server import Server, generate, running, start
 from tests.serve.test_server_live import GREEDY_PROMPTS, GREEDY_TOKENS, PARITY_TEXT
 
 KT_LINE = "routed experts run in kt-kernel on the CPU"
@@ -33,26 +31,12 @@ TORCH_LINE = "routed experts run in the torch W4A16 reference"
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[Server, Server]]:
     """(kt-kernel server, torch-reference server), started together."""
-    kt = start(["--demo"])
-    ref = start(["--demo"], env={"WINPORT_KT_MOE": "0"})
-    try:
-        wait_ready(kt)
-        wait_ready(ref)
+    with running(start(["--demo"]), start(["--demo"], env={"WINPORT_KT_MOE": "0"})) as (kt, ref):
         yield kt, ref
-    finally:
-        stop(kt)
-        stop(ref)
-
-
-def _post(srv: Server, body: dict) -> dict:
-    req = urllib.request.Request(srv.url + "/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as resp:  # noqa: S310 - loopback only
-        return json.loads(resp.read())
 
 
 def _prompt_logprobs(srv: Server, ids: list[int]) -> list[float]:
-    out = _post(srv, {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
+    out = generate(srv, {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
                       "return_logprob": True, "logprob_start_len": 0})
     return [lp for lp, _tok, _ in out["meta_info"]["input_token_logprobs"][1:]]
 
@@ -93,7 +77,7 @@ def test_greedy_tokens_agree_with_the_torch_path(servers: tuple[Server, Server])
     judged, own, controls = [], [], []
     for text in GREEDY_PROMPTS:
         ids = [0, *tok.encode(text)]
-        tokens = _post(kt, {"input_ids": ids, "sampling_params": {
+        tokens = generate(kt, {"input_ids": ids, "sampling_params": {
             "max_new_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True}})["output_ids"]
         assert len(tokens) == GREEDY_TOKENS
         judged.append(greedy_judge.server_deficits(ref.url, ids, tokens))

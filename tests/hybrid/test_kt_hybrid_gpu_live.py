@@ -11,15 +11,13 @@ greedy bar is widened to the widest self-spread of the two servers. Run on the G
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers import REPO_ROOT
 from tests.serve import _greedy_judge as greedy_judge
-from tests.serve._server import Server, start, stop, wait_ready
+from tests.serve._server import Server, generate, running, start
 from tests.serve.test_server_live import (
     GREEDY_PROMPTS,
     GREEDY_TOKENS,
@@ -40,20 +38,8 @@ def servers() -> Iterator[tuple[Server, Server]]:
     # take the whole card and the second fail out of memory).
     hybrid = start(["--demo", "--gpu-experts", "4", "--vram-gib", "32"])
     full = start(["--demo", "--vram-gib", "32"])
-    try:
-        wait_ready(hybrid)
-        wait_ready(full)
+    with running(hybrid, full):
         yield hybrid, full
-    finally:
-        stop(hybrid)
-        stop(full)
-
-
-def _post(srv: Server, body: dict) -> dict:
-    req = urllib.request.Request(srv.url + "/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as resp:  # noqa: S310 - loopback only
-        return json.loads(resp.read())
 
 
 def test_hybrid_line_and_cuda_graphs(servers: tuple[Server, Server]) -> None:
@@ -72,7 +58,7 @@ def test_prompt_logprobs_hybrid_vs_reference_and_all_gpu(servers: tuple[Server, 
     ids = [0, *AutoTokenizer.from_pretrained(str(folder)).encode(PARITY_TEXT)]
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0},
             "return_logprob": True, "logprob_start_len": 0}
-    served = {name: [lp for lp, _t, _ in _post(srv, body)["meta_info"]["input_token_logprobs"][1:]]
+    served = {name: [lp for lp, _t, _ in generate(srv, body)["meta_info"]["input_token_logprobs"][1:]]
               for name, srv in (("hybrid", hybrid), ("full", full))}
     from winport.demo.reference import prompt_logprobs
 
@@ -96,8 +82,8 @@ def test_greedy_hybrid_judged_by_all_gpu(servers: tuple[Server, Server]) -> None
     for text in GREEDY_PROMPTS:
         ids = [0, *tok.encode(text)]
         sp = {"max_new_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True}
-        tokens = _post(hybrid, {"input_ids": ids, "sampling_params": sp})["output_ids"]
-        full_tokens = _post(full, {"input_ids": ids, "sampling_params": sp})["output_ids"]
+        tokens = generate(hybrid, {"input_ids": ids, "sampling_params": sp})["output_ids"]
+        full_tokens = generate(full, {"input_ids": ids, "sampling_params": sp})["output_ids"]
         judged.append(greedy_judge.server_deficits(full.url, ids, tokens))
         own.append(greedy_judge.server_deficits(hybrid.url, ids, tokens))
         own_full.append(greedy_judge.server_deficits(full.url, ids, full_tokens))

@@ -9,6 +9,8 @@ part ran the default FP8 path).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import socket
@@ -16,6 +18,9 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -114,3 +119,50 @@ def stop(srv: Server) -> None:
         name = f"server-{srv.url.rsplit(':', 1)[1]}.log"
         with open(os.path.join(log_dir, name), "w", encoding="utf-8") as f:
             f.write(srv.text())
+
+
+@contextlib.contextmanager
+def running(*servers: Server) -> Iterator[tuple[Server, ...]]:
+    """Wait until every one of the started `servers` is ready, hand them over, and stop them all after."""
+    try:
+        for srv in servers:
+            wait_ready(srv)
+        yield servers
+    finally:
+        for srv in servers:
+            stop(srv)
+
+
+def post(srv: Server, path: str, body: bytes, key: str | None = None, timeout_s: float = 300) -> tuple[int, str]:
+    """POST a JSON `body` to `path` (with `key` as the bearer token if given): (HTTP status, response text)."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(srv.url + path, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - loopback only
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def generate(srv: Server, body: dict, timeout_s: float = 600) -> dict:
+    """SGLang's native /generate: the decoded JSON answer (the test fails on an HTTP error)."""
+    status, text = post(srv, "/generate", json.dumps(body).encode(), timeout_s=timeout_s)
+    assert status == 200, f"/generate answered HTTP {status}: {text[:2000]}"
+    return json.loads(text)
+
+
+def assert_ctrl_c_stops_all(srv: Server, at_least: int, expected: str) -> None:
+    """Ctrl-C `srv` and check that it exits 0, that each of its >= `at_least` processes (`expected`
+    names them) is gone and that it says it stopped."""
+    import psutil
+
+    root = psutil.Process(srv.proc.pid)
+    family = [root, *root.children(recursive=True)]
+    assert len(family) >= at_least, f"expected {expected}"
+    srv.proc.send_signal(signal.SIGINT)
+    assert srv.proc.wait(120) == 0
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert "winport serve: stopped" in srv.text()

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
 from tests.helpers import REPO_ROOT
-from tests.serve._server import Server, start, stop, wait_ready
+from tests.serve._server import Server, post, start, stop, wait_ready
 
 API_KEY = "K-request-limits"
 DEMO_VOCAB = 1024
@@ -35,15 +33,7 @@ def server() -> Iterator[Server]:
 
 
 def _post(srv: Server, path: str, body: bytes, key: str | None = API_KEY) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(srv.url + path, data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback only
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return post(srv, path, body, key)
 
 
 LEAKS = ("/site-packages/", "site-packages", "dist-packages", "Traceback", str(REPO_ROOT), sys.prefix,

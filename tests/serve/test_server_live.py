@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import signal
 import socket
 import time
 import urllib.error
@@ -23,7 +22,7 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from tests.serve import _greedy_judge as greedy_judge
-from tests.serve._server import Server, start, stop, wait_ready
+from tests.serve._server import Server, assert_ctrl_c_stops_all, post, start, stop, wait_ready
 
 API_KEY = "test-key-123"
 MAX_RUNNING = 4
@@ -49,15 +48,7 @@ def _model(srv: Server) -> str:
 
 
 def _post(srv: Server, path: str, body: bytes, key: str | None = API_KEY) -> tuple[int, str]:
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    req = urllib.request.Request(srv.url + path, data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=300) as resp:  # noqa: S310 - loopback only
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return post(srv, path, body, key)
 
 
 def test_ready_line_names_a_loopback_url(server: Server) -> None:
@@ -419,13 +410,4 @@ def test_w8a8_greedy_floor_is_wide_but_still_refuses_shifted_tokens() -> None:
 
 
 def test_ctrl_c_stops_every_process(server: Server) -> None:
-    import psutil
-
-    root = psutil.Process(server.proc.pid)
-    family = [root, *root.children(recursive=True)]
-    assert len(family) >= 3, "expected winport serve, SGLang's server and its scheduler/detokenizer"
-    server.proc.send_signal(signal.SIGINT)
-    assert server.proc.wait(120) == 0
-    _, alive = psutil.wait_procs(family, timeout=30)
-    assert not [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert "winport serve: stopped" in server.text()
+    assert_ctrl_c_stops_all(server, 3, "winport serve, SGLang's server and its scheduler/detokenizer")

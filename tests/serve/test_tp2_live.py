@@ -10,14 +10,13 @@ the TP=2 server is stopped with Ctrl-C and no process may be left (both ranks in
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.serve._server import Server, start, stop, wait_ready
+from tests.serve._server import Server, assert_ctrl_c_stops_all, start, stop, wait_ready
 
 PROMPT = (
     "The server loads 42 weights. def main(): return x + y. hello world windows linux deepseek "
@@ -132,14 +131,4 @@ def test_tp2_listens_on_loopback_only(servers: dict[int, Server]) -> None:
 
 
 def test_ctrl_c_stops_both_ranks(servers: dict[int, Server], answers: dict[int, dict[str, object]]) -> None:
-    import psutil
-
-    srv = servers[2]
-    root = psutil.Process(srv.proc.pid)
-    family = [root, *root.children(recursive=True)]
-    assert len(family) >= 5, "expected winport serve, SGLang's server, 2 scheduler ranks and the detokenizer"
-    srv.proc.send_signal(signal.SIGINT)
-    assert srv.proc.wait(120) == 0
-    _, alive = psutil.wait_procs(family, timeout=30)
-    assert not [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert "winport serve: stopped" in srv.text()
+    assert_ctrl_c_stops_all(servers[2], 5, "winport serve, SGLang's server, 2 scheduler ranks and the detokenizer")
