@@ -163,6 +163,19 @@ def _dequant_tile(b_ptrs, s_ptrs, mask, s_mask, GROUPS: tl.constexpr, HALF_K: tl
 
 
 @triton.jit
+def _swiglu(g, u, limit, CLAMP: tl.constexpr, EMULATE_BF16: tl.constexpr):
+    """silu(min(g, limit)) * clamp(u, -limit, limit) in fp32 (rounded to bf16 once under the interpreter):
+    the activation of both MoE paths, the tl.dot kernel's tile and the decode GEMV's row."""
+    if CLAMP:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    a = g / (1.0 + tl.exp(-g)) * u
+    if EMULATE_BF16:
+        a = _round_bf16(a)
+    return a
+
+
+@triton.jit
 def _mxfp4_moe_gate_up_kernel(
         x_ptr, w_ptr, s_ptr, act_ptr, sorted_ptr, expert_ptr, post_ptr,
         num_slots, topk, H, INTER, limit,
@@ -217,12 +230,7 @@ def _mxfp4_moe_gate_up_kernel(
         acc_g += tl.dot(x_odd, wg_hi, out_dtype=tl.float32)
         acc_u += tl.dot(x_even, wu_lo, out_dtype=tl.float32)
         acc_u += tl.dot(x_odd, wu_hi, out_dtype=tl.float32)
-    if CLAMP:
-        acc_g = tl.minimum(acc_g, limit)
-        acc_u = tl.minimum(tl.maximum(acc_u, -limit), limit)
-    act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    if EMULATE_BF16:
-        act = _round_bf16(act)
+    act = _swiglu(acc_g, acc_u, limit, CLAMP, EMULATE_BF16)
     tl.store(act_ptr + slot[:, None] * s_at + offs_n[None, :], act.to(act_ptr.dtype.element_ty),
              mask=valid[:, None] & n_mask[None, :])
 
@@ -402,14 +410,19 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
         SCALE_F32=s2_f32, EMULATE_BF16=emulate,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
+    sum_topk(y.view(t, topk, h), out, routed_scaling_factor, emulate)
+    return out
+
+
+def sum_topk(y: torch.Tensor, out: torch.Tensor, routed_scaling_factor: float, emulate: bool) -> None:
+    """out [T, H] = routed_scaling_factor * the sum of y [T, topk, H] over its top-k axis (both MoE paths' last step)."""
     if emulate:
         # The interpreter truncates fp32 -> bf16 stores: sum in fp32, round with torch.
-        tmp = torch.empty(t, h, dtype=torch.float32, device=dev)
-        moe_sum_triton(y.view(t, topk, h), tmp, routed_scaling_factor)
+        tmp = torch.empty(y.shape[0], y.shape[2], dtype=torch.float32, device=y.device)
+        moe_sum_triton(y, tmp, routed_scaling_factor)
         out.copy_(tmp)
     else:
-        moe_sum_triton(y.view(t, topk, h), out, routed_scaling_factor)
-    return out
+        moe_sum_triton(y, out, routed_scaling_factor)
 
 
 def dequantize_mxfp4_ref(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

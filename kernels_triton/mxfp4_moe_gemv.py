@@ -53,8 +53,7 @@ import triton
 import triton.language as tl
 
 from kernels_triton.fp8_gemm import _round_bf16
-from kernels_triton.moe_sum import moe_sum_triton
-from kernels_triton.mxfp4_moe import _scale_pair
+from kernels_triton.mxfp4_moe import _scale_pair, _swiglu, sum_topk
 
 # mxfp4_moe() takes this path when T * top_k <= GEMV_MAX_SLOTS (8 tokens at top-6). Measured on the
 # H200 at V4.1 shapes (scripts/bench/RESULTS.md, "MXFP4 MoE decode GEMV", 2026-12-01), in a CUDA graph
@@ -178,12 +177,7 @@ def _gu_store(accg, accu, act_row, offs_n, n_mask, limit, CLAMP: tl.constexpr, E
     """act = bf16(silu(min(g, limit)) * clamp(u, -limit, limit)) for one row, rounded once."""
     g = tl.sum(tl.sum(accg, axis=2), axis=1)
     u = tl.sum(tl.sum(accu, axis=2), axis=1)
-    if CLAMP:
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-    a = g / (1.0 + tl.exp(-g)) * u
-    if EMULATE_BF16:
-        a = _round_bf16(a)
+    a = _swiglu(g, u, limit, CLAMP, EMULATE_BF16)
     tl.store(act_row + offs_n, a.to(act_row.dtype.element_ty), mask=n_mask)
 
 
@@ -491,11 +485,5 @@ def mxfp4_moe_gemv(hidden: torch.Tensor, w13w: torch.Tensor, s13: torch.Tensor, 
         SCALE_F32=scale_f32, EMULATE_BF16=emulate, ROWS=rows, PAIRS_P2=pairs_p2,
         BLOCK_N=cfg.dn_block_n, BLOCK_K=min(cfg.dn_block_k, triton.next_power_of_2(i)),
         num_warps=cfg.dn_warps, num_stages=1)
-    if emulate:
-        # The interpreter truncates fp32 -> bf16 stores: sum in fp32, round with torch.
-        tmp = torch.empty(t, h, dtype=torch.float32, device=dev)
-        moe_sum_triton(y.view(t, topk, h), tmp, routed_scaling_factor)
-        out.copy_(tmp)
-    else:
-        moe_sum_triton(y.view(t, topk, h), out, routed_scaling_factor)
+    sum_topk(y.view(t, topk, h), out, routed_scaling_factor, emulate)
     return out

@@ -34,6 +34,7 @@ import pytest
 import torch
 
 from kernels_triton import mxfp4_moe as mm
+from kernels_triton.mxfp4_moe_gemv import GemvMoeConfig
 from tests.ops._helpers import HAS_CUDA, poisoned
 
 U = 2.0 ** -8  # bf16 unit roundoff (8 significant bits)
@@ -127,18 +128,23 @@ def check(out: torch.Tensor, exact: torch.Tensor, bound: torch.Tensor, what: str
 
 
 def run_both(x: torch.Tensor, experts: tuple[torch.Tensor, ...], ids: torch.Tensor, tw: torch.Tensor,
-             limit: float | None = 10.0, scale: float = 1.0, config: mm.MoeConfig | None = None) -> torch.Tensor:
-    """Kernel output into a NaN-poisoned buffer, checked against the bound and the faithful reference."""
+             limit: float | None = 10.0, scale: float = 1.0,
+             config: mm.MoeConfig | GemvMoeConfig | None = None,
+             faithful_share: float = 0.99, what: str = "kernel vs float64") -> torch.Tensor:
+    """Kernel output into a NaN-poisoned buffer, checked against the bound and the faithful reference.
+
+    `config` picks the path: an mm.MoeConfig the tl.dot kernels, a GemvMoeConfig the decode GEMV.
+    """
     w13, s13, w2, s2 = experts
     out = poisoned(x.shape[0], x.shape[1], dtype=torch.bfloat16, device=str(x.device))
     got = mm.mxfp4_moe(x, w13, s13, w2, s2, ids, tw, swiglu_limit=limit, routed_scaling_factor=scale,
                        config=config, out=out)
     assert got.data_ptr() == out.data_ptr()
     exact, bound = error_bound(x, w13, s13, w2, s2, ids, tw, limit, scale)
-    check(out, exact, bound, "kernel vs float64")
+    check(out, exact, bound, what)
     faithful = mm.mxfp4_moe_ref(x, w13, s13, w2, s2, ids, tw, limit, scale, round_like_kernel=True)
     same = (out.double() == faithful).float().mean()
-    assert same >= 0.99, f"only {float(same):.4f} of outputs equal the rounding-faithful reference"
+    assert same >= faithful_share, f"only {float(same):.4f} of outputs equal the rounding-faithful reference"
     return out
 
 
@@ -257,14 +263,19 @@ def test_mxfp4_moe_scale_edge_254() -> None:
     assert torch.isfinite(out).all() and out.abs().max() > 0
 
 
-def test_mxfp4_moe_scale_255_is_nan() -> None:
+def assert_scale_255_is_nan(config: mm.MoeConfig | GemvMoeConfig | None = None) -> None:
     """E8M0 255 is NaN: tokens routed to that expert get NaN (not a silently finite value), others not."""
     w13, s13, w2, s2 = make_experts(3, 64, 32)
     s13[1] = 255
     x = torch.randn(4, 64).bfloat16()
     ids = torch.tensor([[0], [1], [2], [1]], dtype=torch.int32)
-    out = mm.mxfp4_moe(x, w13, s13, w2, s2, ids, torch.ones(4, 1))
+    out = mm.mxfp4_moe(x, w13, s13, w2, s2, ids, torch.ones(4, 1), config=config)
     assert torch.isnan(out[[1, 3]]).all() and not torch.isnan(out[[0, 2]]).any()
+
+
+def test_mxfp4_moe_scale_255_is_nan() -> None:
+    """E8M0 255 is NaN on the tl.dot path."""
+    assert_scale_255_is_nan()
 
 
 def test_mxfp4_moe_scale_dtypes_agree() -> None:

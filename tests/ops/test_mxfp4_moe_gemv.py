@@ -16,7 +16,15 @@ import torch
 
 from kernels_triton import mxfp4_moe as mm
 from kernels_triton import mxfp4_moe_gemv as gv
-from tests.ops.test_mxfp4_moe import HAS_CUDA, check, error_bound, make_experts, poisoned, routing
+from tests.ops.test_mxfp4_moe import (
+    HAS_CUDA,
+    assert_scale_255_is_nan,
+    check,
+    error_bound,
+    make_experts,
+    routing,
+    run_both,
+)
 
 CPU_CFG = gv.GemvMoeConfig(gu_block_n=64, gu_block_k=64, gu_warps=1, dn_block_n=64, dn_block_k=64, dn_warps=1)
 
@@ -37,17 +45,7 @@ def run_gemv(x: torch.Tensor, experts: tuple[torch.Tensor, ...], ids: torch.Tens
              limit: float | None = 10.0, scale: float = 1.5, config: gv.GemvMoeConfig | None = CPU_CFG,
              faithful_share: float = 0.99) -> torch.Tensor:
     """GEMV output into a NaN-poisoned buffer, checked against the bound and the faithful reference."""
-    w13, s13, w2, s2 = experts
-    out = poisoned(x.shape[0], x.shape[1], dtype=torch.bfloat16, device=str(x.device))
-    got = mm.mxfp4_moe(x, w13, s13, w2, s2, ids, tw, swiglu_limit=limit, routed_scaling_factor=scale,
-                       config=config, out=out)
-    assert got.data_ptr() == out.data_ptr()
-    exact, bound = error_bound(x, w13, s13, w2, s2, ids, tw, limit, scale)
-    check(out, exact, bound, "GEMV vs float64")
-    faithful = mm.mxfp4_moe_ref(x, w13, s13, w2, s2, ids, tw, limit, scale, round_like_kernel=True)
-    same = (out.double() == faithful).float().mean()
-    assert same >= faithful_share, f"only {float(same):.4f} of outputs equal the rounding-faithful reference"
-    return out
+    return run_both(x, experts, ids, tw, limit, scale, config, faithful_share, what="GEMV vs float64")
 
 
 def mixed_routing(t: int, e: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,12 +111,7 @@ def test_gemv_zero_and_extreme_scales(nan_workspace: None) -> None:
 
 def test_gemv_scale_255_is_nan() -> None:
     """E8M0 255 is NaN on this path too: tokens routed to that expert get NaN, others not."""
-    w13, s13, w2, s2 = make_experts(3, 64, 32)
-    s13[1] = 255
-    x = torch.randn(4, 64).bfloat16()
-    ids = torch.tensor([[0], [1], [2], [1]], dtype=torch.int32)
-    out = mm.mxfp4_moe(x, w13, s13, w2, s2, ids, torch.ones(4, 1), config=CPU_CFG)
-    assert torch.isnan(out[[1, 3]]).all() and not torch.isnan(out[[0, 2]]).any()
+    assert_scale_255_is_nan(CPU_CFG)
 
 
 def test_gemv_scale_dtypes_agree() -> None:
