@@ -34,3 +34,10 @@ def run_python(code: str, *, env: dict[str, str] | None = None, cwd: Path | None
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
                           cwd=cwd or REPO_ROOT, timeout=timeout)
+
+
+def run_python_ok(code: str, **kwargs: object) -> str:
+    """run_python(code, **kwargs) that must exit 0 (else the test fails with the tail of its stderr); its stdout."""
+    proc = run_python(code, **kwargs)  # type: ignore[arg-type]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout

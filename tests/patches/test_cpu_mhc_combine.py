@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_python
+from tests.helpers import run_python_ok
 from winport.patches import cpu_mhc_combine as patch
 
 
@@ -36,14 +36,13 @@ def test_combine_accumulates_like_sglang_triton(tmp_path: Path) -> None:
     x = torch.randn(5, 4 * 256).to(torch.bfloat16)
     pre = torch.rand(5, 4)
     torch.save({"x": x, "pre": pre}, tmp_path / "in.pt")
-    proc = run_python(
+    run_python_ok(
         "import torch\n"
         "from sglang.kernels.ops.layernorm.mhc import mhc_combine\n"
         "upstream = getattr(mhc_combine, '__wrapped__', mhc_combine)\n"
         f"d = torch.load({str(tmp_path / 'in.pt')!r})\n"
         f"torch.save(upstream(d['x'], d['pre'], 4, torch.float32), {str(tmp_path / 'out.pt')!r})\n",
         env={"TRITON_INTERPRET": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
     upstream_out = torch.load(tmp_path / "out.pt")
     assert torch.equal(patch.combine_torch(x, pre, 4, torch.float32), upstream_out)
 
@@ -56,12 +55,11 @@ def test_bad_shapes_are_named() -> None:
 
 
 def test_patch_applies_and_routes_cpu_to_torch() -> None:
-    proc = run_python(
+    out = run_python_ok(
         "from winport.patches import cpu_mhc_combine as p; p.register_patch(); p.apply()\n"
         "import sglang.kernels.ops.layernorm.mhc as m, torch\n"
         "f = m.mhc_combine; assert f.__wrapped__ is not None and not hasattr(f.__wrapped__, '__wrapped__')\n"
         "x, pre = torch.randn(3, 8), torch.rand(3, 2)\n"
         "assert torch.equal(f(x, pre, 2, torch.float32), p.combine_torch(x, pre, 2, torch.float32))\n"
         "print('ok')")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().endswith("ok")
+    assert out.strip().endswith("ok")

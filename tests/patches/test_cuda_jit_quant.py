@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import FAKE_SM90_CUDA, run_python
+from tests.helpers import FAKE_SM90_CUDA, run_python_ok
 from winport.patches import cuda_jit_quant
 
 
@@ -86,8 +86,7 @@ def test_fp8_kernel_names_are_rebound_when_sglang_sees_cuda() -> None:
         " k.sgl_per_token_quant_fp8 is cuda_jit_quant.sgl_per_token_quant_fp8,"
         " v2.per_token_group_quant_8bit_v2 is cuda_jit_quant.per_token_group_quant_8bit_v2)\n"
     )
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    first, second = proc.stdout.strip().splitlines()[-2:]
+    out = run_python_ok(code)
+    first, second = out.strip().splitlines()[-2:]
     assert first.startswith("True sglang.kernels.ops.quantization.per_token_group_quant"), first
     assert second == "True True True"

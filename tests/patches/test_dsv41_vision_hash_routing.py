@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import run_python
+from tests.helpers import run_python_ok
 from winport.patches.dsv41_vision_hash_routing import _vision_topk
 
 EXPERTS, TOPK, VOCAB, TOKENS = 8, 2, 50, 6
@@ -78,6 +78,5 @@ def test_registered_hook_reaches_deepseek_v2() -> None:
         "moe = types.SimpleNamespace(is_hash=True, topk=lambda h, l, i: ('hash', h is l, i))\n"
         "print(m.vision_topk(moe, 'logits', 'ids'))\n"
     )
-    proc = run_python(code)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip().splitlines()[-1] == "('hash', True, 'ids')"
+    out = run_python_ok(code)
+    assert out.strip().splitlines()[-1] == "('hash', True, 'ids')"
