@@ -30,7 +30,7 @@ import time
 import pytest
 import torch
 
-from winport.hybrid.kt_experts import KTExperts, SilentZeroPathError
+from winport.hybrid.kt_experts import KTExperts, SilentZeroPathError, flushes_denormals
 from winport.hybrid.layer import HybridMoE
 from winport.hybrid.settings import KTSettings
 from winport.hybrid.slots import SlotMap
@@ -240,3 +240,12 @@ def test_bad_weights_name_the_piece(gen: torch.Generator) -> None:
     kt.stage(0, "w1", "weight", ex["w1"][0])
     with pytest.raises(ValueError, match=r"missing 47 pieces: expert 0 w1.scale"):
         kt.load_from_memory()
+
+
+def test_torch_keeps_subnormals_after_kt_kernel_starts(gen: torch.Generator) -> None:
+    """kt-kernel's first wrapper sets flush-to-zero in the constructing thread; winport puts it back,
+    so torch's CPU math in the rest of the process (and of this test session) keeps subnormals."""
+    _kt(_experts(gen), 10.0)
+    assert not flushes_denormals()
+    assert torch.tensor([2.0 ** -130]).mul(3.0).item() == 3.0 * 2.0 ** -130
+

@@ -55,7 +55,8 @@ def import_kt() -> Any:
         from winport.patches import cpu_pin_memory
 
         cpu_pin_memory.apply()
-    import kt_kernel
+    with keep_denormal_mode():
+        import kt_kernel
 
     return kt_kernel
 
@@ -79,6 +80,29 @@ def e8m0_to_bf16(scale: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"{name}: E8M0 scale 255 (NaN)")
     bits = torch.where(e == 0, torch.full_like(e, 0x40), e << 7)
     return bits.to(torch.int16).view(torch.bfloat16).contiguous()
+
+
+def flushes_denormals() -> bool:
+    """Whether this thread's float math flushes subnormals to zero (x86 FTZ/DAZ)."""
+    tiny = torch.tensor([2.0 ** -130], dtype=torch.float32)
+    return bool((tiny * 1.0)[0] == 0)
+
+
+@contextlib.contextmanager
+def keep_denormal_mode() -> Iterator[None]:
+    """Put this thread's subnormal handling back as it was after the block.
+
+    kt-kernel turns on flush-to-zero in the thread that imports it and builds its CPUInfer pool
+    (measured: a float32 2^-130 reads 0 afterwards; its forwards leave the mode alone). That would
+    change torch's CPU arithmetic for the rest of the process (E8M0 scales below 2^-126 dequantize to
+    0); kt-kernel's own worker threads keep their mode.
+    """
+    before = flushes_denormals()
+    try:
+        yield
+    finally:
+        if not before and flushes_denormals():
+            torch.set_flush_denormal(False)
 
 
 class _MemoryExperts:
@@ -136,7 +160,7 @@ class KTExperts:
         self.variant = getattr(kt, "__cpu_variant__", "?")
         self._staged: dict[tuple[int, str, str], torch.Tensor] = {}
         self.loaded = False
-        with contextlib.ExitStack() as stack:
+        with keep_denormal_mode(), contextlib.ExitStack() as stack:
             if settings.weight_path is None:
                 stack.enter_context(_loader(_MemoryExperts(layer_idx, None)))
             self.wrapper = kt.KTMoEWrapper(
