@@ -2,7 +2,7 @@
 # The hybrid MoE on the H200 device machine: kt-kernel's CPU experts next to the GPU.
 # Carry .whlserve (scripts/gpu/fetch_serve_wheels.sh) and .ktdev (kt_kernel and kt_kernel.libs taken
 # from kt-kernel 0.7.2's cp312 wheel, only the extension variant the host needs: `amx` for the H200
-# host, so the tree stays under the 64 MiB a device call carries).
+# host, so the copied tree stays under the 64 MiB that reaches the GPU machine).
 # Usage (device, repo root): bash scripts/gpu/hybrid_check.sh PART...
 #   kt     kt-kernel MXFP4 experts at V4.1 shapes vs the read probe (scripts/bench/kt_experts.py)
 #   layer  the gpu-marked hybrid layer tests (tests/hybrid/test_kt_moe_layer.py)
