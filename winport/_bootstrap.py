@@ -14,6 +14,7 @@ def activate() -> None:
     """Install emulation and the shim finder in this interpreter."""
     try:
         from winport import ktkernel, shimloader, winemu
+        from winport.ktkernel import denormals
         from winport.platform import windows_compat
 
         windows_compat.apply_if_windows()
@@ -22,5 +23,7 @@ def activate() -> None:
         # kt-kernel picks its CPU variant from /proc/cpuinfo and globs *.so: on Windows (and under
         # emulation) winport's import hook chooses it with cpuid and finds .pyd files instead.
         ktkernel.install()
+        # kt-kernel turns on flush-to-zero where it loads (SGLang imports it in every scheduler).
+        denormals.install()
     except Exception as exc:  # noqa: BLE001 - see module docstring
         print(f"winport: shim bootstrap failed: {exc!r}", file=sys.stderr)

@@ -30,10 +30,11 @@ import time
 import pytest
 import torch
 
-from winport.hybrid.kt_experts import KTExperts, SilentZeroPathError, flushes_denormals
+from winport.hybrid.kt_experts import KTExperts, SilentZeroPathError
 from winport.hybrid.layer import HybridMoE
 from winport.hybrid.settings import KTSettings
 from winport.hybrid.slots import SlotMap
+from winport.ktkernel.denormals import flushes_denormals
 from winport.patches.cpu_mxfp4_moe import mxfp4_moe
 
 E, H, INTER, TOPK = 8, 256, 128, 2

@@ -37,6 +37,7 @@ import torch
 
 from winport import envs
 from winport.hybrid.settings import KTSettings
+from winport.ktkernel.denormals import restore_ieee
 
 logger = logging.getLogger(__name__)
 
@@ -82,27 +83,14 @@ def e8m0_to_bf16(scale: torch.Tensor, name: str) -> torch.Tensor:
     return bits.to(torch.int16).view(torch.bfloat16).contiguous()
 
 
-def flushes_denormals() -> bool:
-    """Whether this thread's float math flushes subnormals to zero (x86 FTZ/DAZ)."""
-    tiny = torch.tensor([2.0 ** -130], dtype=torch.float32)
-    return bool((tiny * 1.0)[0] == 0)
-
-
 @contextlib.contextmanager
 def keep_denormal_mode() -> Iterator[None]:
-    """Put this thread's subnormal handling back as it was after the block.
-
-    kt-kernel turns on flush-to-zero in the thread that imports it and builds its CPUInfer pool
-    (measured: a float32 2^-130 reads 0 afterwards; its forwards leave the mode alone). That would
-    change torch's CPU arithmetic for the rest of the process (E8M0 scales below 2^-126 dequantize to
-    0); kt-kernel's own worker threads keep their mode.
-    """
-    before = flushes_denormals()
+    """Keep IEEE subnormals in this thread across a kt-kernel call that turns flush-to-zero on
+    (its import and its first wrapper: winport.ktkernel.denormals says why)."""
     try:
         yield
     finally:
-        if not before and flushes_denormals():
-            torch.set_flush_denormal(False)
+        restore_ieee()
 
 
 class _MemoryExperts:
