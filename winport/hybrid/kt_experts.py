@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -112,15 +113,22 @@ class _MemoryExperts:
         self.experts = None
 
 
+# SGLang's DeepSeek-V4 load_weights runs the weight loaders of several layers in a thread pool, and
+# kt-kernel's loader slot is one class attribute: without the lock one layer's hand-off cleared the
+# slot while another layer was reading it (kt-kernel then fell back to opening a file by that name).
+_LOADER_SLOT = threading.Lock()
+
+
 @contextlib.contextmanager
 def _loader(obj: _MemoryExperts) -> Iterator[None]:
     from kt_kernel.utils.amx import NativeMoEWrapper
 
-    NativeMoEWrapper._native_loader_instance = obj
-    try:
-        yield
-    finally:
-        NativeMoEWrapper._native_loader_instance = None
+    with _LOADER_SLOT:
+        NativeMoEWrapper._native_loader_instance = obj
+        try:
+            yield
+        finally:
+            NativeMoEWrapper._native_loader_instance = None
 
 
 class KTExperts:
@@ -227,7 +235,8 @@ class KTExperts:
         """kt-kernel reads its own safetensors folder (SGLang's --kt-weight-path)."""
         mask_was = self.mask.clone()
         self.mask.zero_()
-        self.wrapper.load_weights(torch.arange(self.num_experts, dtype=torch.int64))
+        with _LOADER_SLOT:  # kt-kernel keeps its file loader in the same class attribute
+            self.wrapper.load_weights(torch.arange(self.num_experts, dtype=torch.int64))
         self.mask.copy_(mask_was)
         self.loaded = True
 
