@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,32 @@ def test_targets_still_look_as_expected() -> None:
     proc = run_python("from winport.patches import loopback_distributed as p; p.register_patch(); print('ok')")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+def _child_store_name(q: Any) -> None:
+    from winport.patches import loopback_distributed as lb
+
+    def getppid() -> int:
+        raise OSError("os.getppid: stands in for Wine's abort")
+
+    os.getppid = getppid
+    q.put(lb.store_path(4321).name)
+
+
+def test_ranks_name_the_store_after_their_multiprocessing_parent() -> None:
+    """Every rank (a multiprocessing child of the launcher) names the same file after the launcher,
+    taken from multiprocessing rather than os.getppid() (which aborts under Wine: the Wine tier's
+    demo server died in rank start-up that way)."""
+    import multiprocessing
+
+    from winport.patches import loopback_distributed as lb
+
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child_store_name, args=(q,)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    names = {q.get(timeout=120) for _ in procs}
+    for p in procs:
+        p.join(timeout=60)
+    assert names == {lb.store_path(4321, launcher_pid=os.getpid()).name}

@@ -62,6 +62,16 @@ def single_host() -> bool:
     return parallel.nnodes == 1 and not parallel.dist_init_addr
 
 
+def _launcher_pid() -> int:
+    """The process that started this one. SGLang's ranks are multiprocessing children, which know
+    their parent's pid from multiprocessing itself; os.getppid() on Windows needs
+    PssCaptureSnapshot, which Wine does not implement (the call aborts the process there)."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    return parent.pid if parent is not None and parent.pid is not None else os.getppid()
+
+
 def store_path(port: int, launcher_pid: int | None = None) -> Path:
     """The FileStore of the launch whose ranks were started by `launcher_pid` (default: this process's
     parent, which every rank shares) and rendezvous on `port` (SGLang's nccl_port).
@@ -71,7 +81,7 @@ def store_path(port: int, launcher_pid: int | None = None) -> Path:
     """
     import psutil
 
-    pid = os.getppid() if launcher_pid is None else launcher_pid
+    pid = _launcher_pid() if launcher_pid is None else launcher_pid
     try:
         started = int(psutil.Process(pid).create_time() * 1000)
     except psutil.Error:
