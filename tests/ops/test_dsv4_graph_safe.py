@@ -43,7 +43,9 @@ class _NoHostToDeviceFactories(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None \
+        # by name: torch.tensor may be a wrapper by now (winport.patches.cpu_pin_memory wraps the
+        # factories when kt-kernel is imported on CPU-only torch); the mode sees the builtin it calls
+        if getattr(func, "__name__", None) in ("tensor", "as_tensor") and kwargs.get("device") is not None \
                 and torch.device(kwargs["device"]).type != "cpu":
             raise RuntimeError(f"graph proxy: {func.__name__}(..., device={kwargs['device']}) copies from the host")
         return func(*args, **kwargs)
