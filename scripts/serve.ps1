@@ -44,6 +44,10 @@ Vision projector GGUF; by default one found next to the model is used (--mmproj)
 .PARAMETER CpuThreads
 Sets OMP_NUM_THREADS (torch's CPU threads); default: left as it is (--cpu-threads).
 
+.PARAMETER GpuExperts
+Routed experts per layer kept on the GPU; the rest run in kt-kernel on the CPU; default: all on
+the GPU (--gpu-experts).
+
 .PARAMETER ServedModelName
 The model name clients send and see; default: the model folder's name (--served-model-name).
 
@@ -105,6 +109,9 @@ param(
 
     [int]$CpuThreads,
 
+    [ValidateRange(0, 2147483647)]
+    [int]$GpuExperts,
+
     [int]$MaxRunningRequests,
 
     [string]$ServedModelName,
@@ -137,6 +144,7 @@ $FlagOf = [ordered]@{
     SpeculativeAlgorithm = '--speculative-algorithm'
     Mmproj        = '--mmproj'
     CpuThreads    = '--cpu-threads'
+    GpuExperts    = '--gpu-experts'
     MaxRunningRequests = '--max-running-requests'
     ServedModelName = '--served-model-name'
     ApiKey        = '--api-key'
