@@ -253,6 +253,14 @@ def test_torch_keeps_subnormals_after_kt_kernel_starts(gen: torch.Generator) -> 
 
 
 
+def _stage_all(kt: KTExperts, ex: dict[str, torch.Tensor]) -> bool:
+    for e in range(E):
+        for proj in ("w1", "w3", "w2"):
+            kt.stage(e, proj, "weight", ex[proj][e])
+            kt.stage(e, proj, "scale", ex[proj + "s"][e])
+    return kt.loaded
+
+
 def test_layers_loaded_from_many_threads(gen: torch.Generator) -> None:
     """SGLang's DeepSeek-V4 loader hands several layers' weights over from a thread pool at once; each
     layer must still load its own experts (kt-kernel's loader slot is one class attribute). A stress
@@ -264,15 +272,8 @@ def test_layers_loaded_from_many_threads(gen: torch.Generator) -> None:
         kts = [KTExperts(next(_layer_ids), E, TOPK, H, INTER, KTSettings(cpu_threads=1, threadpool_count=1), LIMIT)
                for _ in range(layers)]
 
-        def stage_all(i: int) -> bool:
-            for e in range(E):
-                for proj in ("w1", "w3", "w2"):
-                    kts[i].stage(e, proj, "weight", ex[i][proj][e])
-                    kts[i].stage(e, proj, "scale", ex[i][proj + "s"][e])
-            return kts[i].loaded
-
         with ThreadPoolExecutor(8) as pool:
-            assert all(pool.map(stage_all, range(layers)))
+            assert all(pool.map(_stage_all, kts, ex))
         x, ids, w = _routing(gen, 4)
         for i in (0, layers - 1):
             ref = _reference(ex[i], x, ids, w, LIMIT)

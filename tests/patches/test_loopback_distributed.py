@@ -15,8 +15,8 @@ import socket
 import subprocess
 import sys
 import textwrap
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
