@@ -8,7 +8,10 @@
 #   layer  the gpu-marked hybrid layer tests (tests/hybrid/test_kt_moe_layer.py)
 #   live   the demo served hybrid (--gpu-experts 4, CUDA graphs) vs all-GPU (tests/hybrid/test_kt_hybrid_gpu_live.py)
 #   moe    the Triton MXFP4 MoE GPU tests and benchmark (tests/ops/test_mxfp4_moe.py, scripts/bench/mxfp4_moe.py)
-# T_<PART> sets each part's time limit in seconds; KT_THREADS, KT_ARGS and MOE_ARGS pass options on.
+#   split  one full-width hybrid layer: GPU work, CPU work, wait (scripts/bench/hybrid_layer.py)
+#   proxy  the full-width V4.1 proxy built, served hybrid, asked and timed (scripts/gpu/proxy_check.py)
+# T_<PART> sets each part's time limit in seconds; KT_THREADS, KT_ARGS, MOE_ARGS, SPLIT_ARGS and
+# PROXY_ARGS pass options on.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/site
 if [ -d .ktdev/kt_kernel ]; then cp -r .ktdev/kt_kernel .ktdev/kt_kernel.libs /tmp/site/; fi
@@ -40,6 +43,16 @@ for part in "$@"; do
       PYTHONPATH=$(ops_site) timeout "${T_MOE_BENCH:-200}" python3 scripts/bench/mxfp4_moe.py ${MOE_ARGS:---check} \
         --json "$OUT/mxfp4_moe.json" > "$OUT/moe_bench.log" 2>&1
       tail -40 "$OUT/moe_bench.log" ;;
+  split) echo "=== split: one full-width hybrid layer ==="
+      # shellcheck disable=SC2086  # SPLIT_ARGS is meant to split
+      PYTHONPATH=$(ops_site) timeout "${T_SPLIT:-300}" python3 scripts/bench/hybrid_layer.py ${SPLIT_ARGS:-} \
+        --json "$OUT/hybrid_layer.json" > "$OUT/split.log" 2>&1
+      grep -v "^WARNING: Target" "$OUT/split.log" | tail -25 ;;
+  proxy) echo "=== proxy: full-width V4.1 proxy served hybrid ==="
+      # shellcheck disable=SC2086  # PROXY_ARGS is meant to split
+      timeout "${T_PROXY:-560}" bash scripts/gpu/serve_demo.sh --script scripts/gpu/proxy_check.py ${PROXY_ARGS:-} \
+        > "$OUT/proxy.log" 2>&1
+      grep -v "^WARNING: Target" "$OUT/proxy.log" | tail -25 ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
 done

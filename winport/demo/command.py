@@ -22,7 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q8-0", action="store_true", help="with --gguf: store dense linear weights as Q8_0")
     ap.add_argument("--mxfp4-experts", action="store_true",
                     help="with --gguf: store routed experts as MXFP4 (with --q8-0: UD-Q4_K_XL's mix)")
+    ap.add_argument("--full-width", action="store_true",
+                    help="with --variant v41: V4.1-Flash's real layer shapes with random weights (the "
+                         "performance proxy, ~7 GB a layer; winport.demo.full_width)")
+    ap.add_argument("--layers", type=int, default=2, help="with --full-width: decoder layers, 2 to 4 (default 2)")
     args = ap.parse_args(argv)
+    if args.full_width:
+        return _full_width(ap, args)
     # None: the variant's default (V4: FP8 + MXFP4). GGUF export reads the plain bf16 form.
     quantized = False if args.bf16 or args.gguf is not None else None
     out = args.out or default_dir(args.variant, quantized)
@@ -39,4 +45,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"winport demo-model: {out} is current")
         return 0
     build_demo(out, args.variant, args.seed, quantized=quantized)
+    return 0
+
+
+def _full_width(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from winport.demo.full_width import build_full_width, full_width_config
+    from winport.paths import cache_dir
+
+    if args.variant != "v41":
+        ap.error("--full-width is the V4.1-Flash proxy: use it with --variant v41")
+    for flag, given in (("--gguf", args.gguf is not None), ("--bf16", args.bf16), ("--q8-0", args.q8_0),
+                        ("--mxfp4-experts", args.mxfp4_experts)):
+        if given:
+            ap.error(f"{flag} is not available with --full-width (the proxy is written as FP8 dense + MXFP4 experts)")
+    try:
+        full_width_config(args.layers)
+    except ValueError as exc:
+        ap.error(str(exc))
+    out = args.out or cache_dir() / f"proxy-v41-{args.layers}l"
+    build_full_width(out, args.layers, args.seed)
     return 0

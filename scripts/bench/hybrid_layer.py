@@ -1,0 +1,161 @@
+"""Benchmark: one hybrid MoE layer at DeepSeek-V4.1-Flash's shapes, split into GPU work, CPU work and the wait.
+
+One layer of 384 random MXFP4 experts (hidden 5120, intermediate 2304, top-6; 18.8 MB each, 7.2 GB)
+is loaded into kt-kernel through winport.hybrid.KTExperts (the server's path: weights handed over
+from memory), and for each `--gpu` count g the first g experts are also resident on the GPU in
+the Triton MXFP4 MoE (kernels_triton.mxfp4_moe, the 4-bit GPU path). Routing is random top-6 per
+token, the worst case for both sides. Per g and batch, timed with CUDA events on one stream, the
+median of `--iters` forwards:
+- gpu: the GPU experts alone (router ids already remapped to slots);
+- cpu: kt-kernel alone (submit + sync on the stream: host functions, the CPU work, the H2D copy);
+- hybrid: HybridMoE.forward, what the server runs: CPU submitted first, GPU experts, then sync;
+- wait = hybrid - gpu: what the GPU stream spends waiting for the CPU;
+- overlap = hybrid / max(gpu, cpu): 1.0 when the two sides overlap perfectly (issue goal <= 1.1).
+The CPU's expert rate (GB/s of the distinct CPU experts' MXFP4 bytes) is printed next to it.
+
+Usage (CUDA machine): python scripts/bench/hybrid_layer.py [--gpu 0,71,192,384] [--batches 1,2,4,8]
+       [--threads N] [--iters 30] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+HIDDEN, INTER, TOP_K, EXPERTS = 5120, 2304, 6, 384
+EXPERT_BYTES = 3 * HIDDEN * INTER // 2 + 3 * HIDDEN * INTER // 32
+RSF, LIMIT = 1.5, 10.0
+
+
+def _draw(g, n: int, k: int):  # noqa: ANN001, ANN202
+    import torch
+
+    codes = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+    scale = torch.randint(119, 121, (n, k // 32), generator=g, dtype=torch.uint8)
+    return codes, scale
+
+
+def _median_ms(fn, iters: int) -> float:  # noqa: ANN001
+    import torch
+
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _measure(kt, moe, slots, gpu_side, x, ids, w, iters: int) -> dict:  # noqa: ANN001
+    """One placement and batch: GPU alone, CPU alone, hybrid (module docstring)."""
+    import torch
+
+    slot_ids = ids.clone()
+    cpu_ids = slots.split_(slot_ids)
+    n_gpu = slots.num_slots
+    n_cpu = len({int(e) for e in ids.flatten().tolist()} - set(range(n_gpu)))
+    out = moe.forward(x, ids.clone(), w, RSF)
+    if not torch.isfinite(out).all() or not out.abs().sum() > 0:
+        raise SystemExit(f"g={n_gpu} batch {x.shape[0]}: the hybrid layer returned non-finite values or zeros")
+
+    def run_cpu() -> None:
+        kt.submit(x, cpu_ids, w)
+        kt.sync(x)
+
+    gpu_ms = _median_ms(lambda: gpu_side(x, slot_ids, w), iters) if gpu_side is not None else 0.0
+    cpu_ms = _median_ms(run_cpu, iters)
+    hyb_ms = _median_ms(lambda: moe.forward(x, ids.clone(), w, RSF), iters)
+    return {"gpu_ms": gpu_ms, "cpu_ms": cpu_ms, "hybrid_ms": hyb_ms, "wait_ms": hyb_ms - gpu_ms,
+            "overlap": hyb_ms / max(gpu_ms, cpu_ms, 1e-9), "cpu_experts_read": n_cpu,
+            "cpu_gbs": n_cpu * EXPERT_BYTES / (cpu_ms * 1e-3) / 1e9, "backend": kt.backend}
+
+
+def main() -> None:
+    """Load the layer, time each placement and batch, print the table (and --json)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="0,71,192,384")
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--threads", type=int, default=None, help="kt-kernel CPU threads (default: physical cores - 1)")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    import torch
+
+    from kernels_triton.mxfp4_moe import mxfp4_moe
+    from winport.hybrid.kt_experts import KTExperts
+    from winport.hybrid.layer import HybridMoE
+    from winport.hybrid.settings import KTSettings, default_cpu_threads
+    from winport.hybrid.slots import SlotMap
+
+    if not torch.cuda.is_available():
+        raise SystemExit("hybrid_layer.py: needs a CUDA GPU")
+    dev = torch.device("cuda")
+    threads = a.threads or default_cpu_threads()
+    batches = [int(b) for b in a.batches.split(",")]
+    placements = [int(n) for n in a.gpu.split(",")]
+    g = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    kt = KTExperts(0, EXPERTS, TOP_K, HIDDEN, INTER,
+                   KTSettings(cpu_threads=threads, threadpool_count=1, chunk=max(batches)), LIMIT)
+    w13 = torch.empty(EXPERTS, 2 * INTER, HIDDEN // 2, dtype=torch.uint8)
+    s13 = torch.empty(EXPERTS, 2 * INTER, HIDDEN // 32, dtype=torch.uint8)
+    w2 = torch.empty(EXPERTS, HIDDEN, INTER // 2, dtype=torch.uint8)
+    s2 = torch.empty(EXPERTS, HIDDEN, INTER // 32, dtype=torch.uint8)
+    for e in range(EXPERTS):
+        (c1, z1), (c3, z3), (c2, z2) = _draw(g, INTER, HIDDEN), _draw(g, INTER, HIDDEN), _draw(g, HIDDEN, INTER)
+        w13[e, :INTER], w13[e, INTER:], s13[e, :INTER], s13[e, INTER:] = c1, c3, z1, z3
+        w2[e], s2[e] = c2, z2
+        for proj, codes, scale in (("w1", c1, z1), ("w3", c3, z3), ("w2", c2, z2)):
+            kt.stage(e, proj, "weight", codes)
+            kt.stage(e, proj, "scale", scale)
+    print(f"loaded {EXPERTS} experts into kt-kernel ({kt.backend}, {threads} threads) in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    e8m0 = torch.float8_e8m0fnu
+    rows = []
+    for n_gpu in placements:
+        slots = SlotMap(kt.mask, n_gpu, dev)
+        if n_gpu:
+            gw13, gs13 = w13[:n_gpu].to(dev), s13[:n_gpu].to(dev).view(e8m0)
+            gw2, gs2 = w2[:n_gpu].to(dev), s2[:n_gpu].to(dev).view(e8m0)
+
+            def gpu_side(x, slot_ids, w, gw13=gw13, gs13=gs13, gw2=gw2, gs2=gs2):  # noqa: ANN001, ANN202
+                return mxfp4_moe(x, gw13.view(torch.int8), gs13, gw2.view(torch.int8), gs2, slot_ids, w, LIMIT)
+        else:
+            gpu_side = None
+        moe = HybridMoE(kt, slots, gpu_side)
+        for b in batches:
+            x = torch.randn(b, HIDDEN, generator=g).to(torch.bfloat16).to(dev)
+            ids = torch.stack([torch.randperm(EXPERTS, generator=g)[:TOP_K] for _ in range(b)]).to(torch.int32).to(dev)
+            w = (torch.rand(b, TOP_K, generator=g) + 0.1).to(dev)
+            rows.append(_measure(kt, moe, slots, gpu_side, x, ids, w, a.iters) | {"gpu_experts": n_gpu, "batch": b,
+                                                                               "threads": threads})
+        del moe, slots
+        torch.cuda.empty_cache()
+    print(f"hybrid MoE layer: {EXPERTS} experts x {EXPERT_BYTES / 1e6:.1f} MB, hidden {HIDDEN}, intermediate "
+          f"{INTER}, top-{TOP_K}, random routing; kt-kernel {rows[0]['backend']} on {threads} threads, GPU: Triton MXFP4 "
+          f"on {torch.cuda.get_device_name()}")
+    print("| GPU experts | batch | GPU ms | CPU ms | hybrid ms | wait ms | hybrid / max | CPU experts | CPU GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['gpu_experts']} | {r['batch']} | {r['gpu_ms']:.3f} | {r['cpu_ms']:.3f} | {r['hybrid_ms']:.3f} | "
+              f"{r['wait_ms']:.3f} | {r['overlap']:.2f} | {r['cpu_experts_read']} | {r['cpu_gbs']:.1f} |")
+    if a.json:
+        with open(a.json, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The full-width V4.1-Flash proxy served hybrid on the GPU machine: build it, serve it, ask it, time decode.
+
+Run through scripts/gpu/serve_demo.sh --script (SGLang's wheels installed, kt-kernel on the path):
+1. `winport demo-model --variant v41 --full-width --layers N` into --dir (timed, once);
+2. per --gpu-experts value G: `winport serve --model DIR --gpu-experts G` (kt-kernel runs the other
+   384 - G experts a layer on the CPU, CUDA graphs on), one chat completion (it must answer), then
+   decode speed: greedy /generate of 1 and of 1 + `--tokens` new tokens with ignore_eos, decode
+   tok/s = tokens / (t_long - t_short), median of 3; the server is stopped with Ctrl-C.
+Prints one table row per G and writes --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+READY = "winport serve: ready at"
+
+
+def _post(url: str, body: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def _generate_s(base: str, new_tokens: int) -> float:
+    body = {"text": "The capital of France is", "sampling_params": {
+        "max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}}
+    t0 = time.perf_counter()
+    out = _post(base + "/generate", body)
+    dt = time.perf_counter() - t0
+    got = out["meta_info"]["completion_tokens"]
+    if got != new_tokens:
+        raise RuntimeError(f"/generate returned {got} tokens, asked for {new_tokens}")
+    return dt
+
+
+def serve_once(folder: Path, gpu_experts: int, port: int, tokens: int, log: Path, ready_s: float) -> dict:
+    """Start the server, check a chat answer, time decode, stop it; return the row."""
+    argv = [sys.executable, "-m", "winport", "serve", "--model", str(folder), "--port", str(port),
+            "--gpu-experts", str(gpu_experts), "--max-running-requests", "4", "--context-length", "4096"]
+    t0 = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, text=True)
+    try:
+        while READY not in log.read_text(encoding="utf-8", errors="replace"):
+            if proc.poll() is not None or time.perf_counter() - t0 > ready_s:
+                raise RuntimeError(f"server (G={gpu_experts}) not ready (exit {proc.poll()}):\n"
+                                   + log.read_text(errors="replace")[-4000:])
+            time.sleep(2)
+        start_s = time.perf_counter() - t0
+        base = f"http://127.0.0.1:{port}"
+        chat = _post(base + "/v1/chat/completions", {
+            "model": json.loads(urllib.request.urlopen(base + "/v1/models", timeout=60).read())["data"][0]["id"],
+            "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16, "temperature": 0})
+        answer = chat["choices"][0]["message"]["content"]
+        if chat["usage"]["completion_tokens"] < 1:
+            raise RuntimeError(f"chat completion returned no tokens: {chat}")
+        runs = []
+        for _ in range(3):
+            short, long = _generate_s(base, 1), _generate_s(base, 1 + tokens)
+            runs.append(tokens / (long - short))
+        runs.sort()
+        return {"gpu_experts": gpu_experts, "start_s": start_s, "decode_tok_s": runs[1], "runs": runs,
+                "chat_tokens": chat["usage"]["completion_tokens"], "chat_answer": answer}
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    """Build the proxy once, then serve it per --gpu value."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/proxy-v41"))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--gpu", default="71")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--ready-s", type=float, default=480)
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/out")))
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    if not (a.dir / "winport-proxy.json").exists():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "winport", "demo-model", "--variant", "v41", "--full-width",
+                        "--layers", str(a.layers), "--out", str(a.dir)], check=True)
+        print(f"proxy built in {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = []
+    for n in (int(v) for v in a.gpu.split(",")):
+        try:
+            row = serve_once(a.dir, n, 30000 + n, a.tokens, a.out / f"proxy_server_g{n}.log", a.ready_s)
+        except Exception as exc:  # noqa: BLE001 (reported, and the next G still runs)
+            print(f"G={n}: FAILED: {exc}", flush=True)
+            continue
+        rows.append(row)
+        print(f"G={n}: ready after {row['start_s']:.0f} s, chat answered {row['chat_tokens']} tokens "
+              f"({row['chat_answer']!r}), decode {row['decode_tok_s']:.1f} tok/s (runs {row['runs']})", flush=True)
+    print("| GPU experts a layer | layers | decode tok/s | server start s |\n|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['gpu_experts']} of 384 | {a.layers} | {r['decode_tok_s']:.1f} | {r['start_s']:.0f} |")
+    (a.out / "proxy.json").write_text(json.dumps(rows, indent=1))
+    if not rows:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
