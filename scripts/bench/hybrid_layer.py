@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="0,71,192,384")
     ap.add_argument("--batches", default="1,2,4,8")
-    ap.add_argument("--threads", type=int, default=None, help="kt-kernel CPU threads (default: physical cores - 1)")
+    ap.add_argument("--threads", type=int, default=None, help="kt-kernel CPU threads (default: the server's, physical cores - 2 with CUDA)")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -103,7 +103,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("hybrid_layer.py: needs a CUDA GPU")
     dev = torch.device("cuda")
-    threads = a.threads or default_cpu_threads()
+    threads = a.threads or default_cpu_threads(cuda=True)
     batches = [int(b) for b in a.batches.split(",")]
     placements = [int(n) for n in a.gpu.split(",")]
     g = torch.Generator().manual_seed(0)

@@ -55,13 +55,17 @@ def test_scaling_is_left_to_the_model_on_cpu_torch() -> None:
     assert model_scales_routed_output() is (not torch.cuda.is_available())
 
 
-def test_default_threads_leave_one_physical_core(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_threads_leave_cores_to_the_waiting_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     import psutil
 
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 32 if logical else 16)
     assert settings.default_cpu_threads() == 15
+    assert settings.default_cpu_threads(cuda=True) == 14
+    gpu = serve_plan.expert_plan("cuda", 1, 48, None)
+    assert gpu.argv[gpu.argv.index("--kt-cpuinfer") + 1] == "14"
     monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 1)
     assert settings.default_cpu_threads() == 1
+    assert settings.default_cpu_threads(cuda=True) == 1
 
 
 def test_serve_plan(monkeypatch: pytest.MonkeyPatch) -> None:

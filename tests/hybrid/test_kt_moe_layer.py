@@ -153,8 +153,8 @@ def _scaled(ref: dict[str, torch.Tensor | float], factor: float) -> dict[str, to
 
 
 @pytest.mark.parametrize("tokens", [1, 40])
-@pytest.mark.parametrize("resident", [[], [5], [6, 1, 3, 0], [7, 0, 2, 4, 6, 1, 3]],
-                         ids=["all-cpu", "one-gpu", "half-gpu", "all-but-one-gpu"])
+@pytest.mark.parametrize("resident", [[], [5], [6, 1, 3, 0], [7, 0, 2, 4, 6, 1, 3], [3, 0, 7, 1, 6, 2, 5, 4]],
+                         ids=["all-cpu", "one-gpu", "half-gpu", "all-but-one-gpu", "all-gpu"])
 def test_layer_matches_float64(gen: torch.Generator, tokens: int, resident: list[int]) -> None:
     ex = _experts(gen)
     kt = _kt(ex, LIMIT)

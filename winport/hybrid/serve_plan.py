@@ -47,7 +47,7 @@ def expert_plan(device: str, tp: int, gpu_experts: int | None, cpu_threads: int 
     error = _kt_error()
     if error is not None:
         return ExpertPlan(line=f"routed experts run in {fallback}: kt-kernel cannot load ({error})")
-    threads = cpu_threads or default_cpu_threads()
+    threads = cpu_threads or default_cpu_threads(cuda=device != "cpu")
     pools = numa_nodes()
     env = {ENV_ENABLE: "1"}
     how = f"{threads} thread(s) in {pools} pool(s)"

@@ -2,10 +2,14 @@
 
 SGLang's `--kt-*` flags keep their meaning (--kt-method, --kt-cpuinfer, --kt-threadpool-count,
 --kt-num-gpu-experts, --kt-weight-path); winport fills in what they leave unset:
-- CPU threads: physical cores minus one, never hyper-threads. kt-kernel's task queue busy-polls on
-  a thread of its own; on the H200 machine's host (16 cores) 16 worker threads at batch 1 took
-  7.9 ms a layer where 15 took 2.1 ms, and oversubscription with hyper-threads is reported ~10x
-  slower (shared/FACTS.md, "The KT path").
+- CPU threads: never hyper-threads, and cores left for the threads that wait. kt-kernel's task
+  queue busy-polls on a thread of its own, so a CPU-only server (kt-kernel's synchronous path)
+  gets physical cores minus one: on the H200 machine's host (16 cores) 16 worker threads at batch
+  1 took 7.9 ms a layer where 15 took 2.1 ms. A CUDA server also has the thread that launches the
+  GPU work and spins in CUDA's synchronizations, so it gets physical cores minus two: one
+  full-width layer (384 experts, 6 on the CPU at batch 1, scripts/bench/hybrid_layer.py on the
+  stream path) took 7.97 ms on 15 threads, 2.26 ms on 14 and 2.34 ms on 13 (batch 4: 23.8, 15.6,
+  16.2 ms). Oversubscription with hyper-threads is reported ~10x slower (shared/FACTS.md).
 - Thread pools: one per NUMA node (kt-kernel binds a pool to a node; SGLang's default of 2 would
   split a one-node workstation in two).
 """
@@ -51,14 +55,21 @@ def numa_nodes() -> int:
     return max(1, len(nodes))
 
 
-def default_cpu_threads() -> int:
-    """Physical cores minus one (the core left to kt-kernel's polling task thread), at least 1."""
-    return max(1, physical_cores() - 1)
+def default_cpu_threads(cuda: bool = False) -> int:
+    """Physical cores minus one (kt-kernel's polling task thread), minus one more with CUDA (the
+    launching thread; module docstring), at least 1."""
+    return max(1, physical_cores() - (2 if cuda else 1))
 
 
 def enabled_by_env() -> bool:
     """Whether WINPORT_KT_MOE=1 asks for winport's kt-kernel MoE method."""
     return bool(envs.WINPORT_KT_MOE.get())
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def from_sglang() -> KTSettings:
@@ -74,7 +85,7 @@ def from_sglang() -> KTSettings:
     chunk = get_schedule().chunked_prefill_size
     return KTSettings(
         method=method,
-        cpu_threads=moe.kt_cpuinfer or default_cpu_threads(),
+        cpu_threads=moe.kt_cpuinfer or default_cpu_threads(_cuda()),
         threadpool_count=moe.kt_threadpool_count or numa_nodes(),
         num_gpu_experts=moe.kt_num_gpu_experts or 0,
         weight_path=moe.kt_weight_path,
