@@ -9,6 +9,7 @@ tests/windows/wine_harness.py provisions the interpreter (cached in .cache/wine/
   - engram rows read through a memory map of the GGUF (tests/gguf/test_engram_rows.py) and served to
     SGLang from it (tests/patches/test_engram_rows_from_gguf.py)
   - `winport serve --demo` answering one chat completion over tcp
+  - kt-kernel's package imported through winport's loader, up to the Windows binary it lacks
 """
 
 from __future__ import annotations
@@ -83,6 +84,51 @@ def test_windows_cpython_runs_the_repository(windows_python: wine_harness.Provis
     assert info["bits"] == 64
     assert info["winport"].lower() == wine_harness.windows_path(REPO_ROOT / "winport" / "__init__.py").lower()
     assert info["sgl_kernel"] == "shims.sgl_kernel", "winport_shims.pth did not activate the shim loader"
+
+
+@pytest.mark.wine
+def test_kt_kernel_import_under_windows_goes_as_far_as_the_linux_wheel_allows(
+        windows_python: wine_harness.Provisioned, tmp_path: Path) -> None:
+    """kt-kernel's own package (the installed Linux wheel's files, extensions included) imported by
+    Windows CPython through winport's loader: kt-kernel's `_cpu_detect` is patched (cpuid variant
+    choice, Windows suffixes), the variant ladder is walked, and the import stops only at the binary
+    a Windows build provides (a `.pyd`); the server then says kt-kernel cannot load and keeps the
+    torch experts. Whether the `.pyd` itself loads and computes is what only a Windows build shows."""
+    import importlib.util
+    import shutil
+
+    from winport.cpu_features import cpu_features, kt_kernel_variant
+
+    spec = importlib.util.find_spec("kt_kernel")  # found, not imported: nothing of it runs on Linux here
+    assert spec is not None and spec.submodule_search_locations, "kt-kernel is not installed"
+    site = tmp_path / "site"
+    shutil.copytree(next(iter(spec.submodule_search_locations)), site / "kt_kernel",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {wine_harness.windows_path(site)!r})\n"
+        "from winport.ktkernel import loader\n"
+        "out = {'hook': loader.is_installed()}\n"
+        "try:\n"
+        "    import kt_kernel\n"
+        "    out['imported'] = True\n"
+        "except ImportError as exc:\n"
+        "    out['error'] = str(exc)\n"
+        "cpu_detect = sys.modules.get('kt_kernel._cpu_detect')\n"
+        "out['patched'] = bool(getattr(cpu_detect, '__winport_patched__', False))\n"
+        "out['variant'] = cpu_detect.detect_cpu_features() if cpu_detect else None\n"
+        "from winport.hybrid.serve_plan import expert_plan\n"
+        "out['plan'] = expert_plan('cpu', 1, None, None).line\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = wine_harness.run_python(["-c", code], timeout=300)
+    info = json.loads(_check(proc, "import kt_kernel under Windows CPython").strip().splitlines()[-1])
+    assert info["hook"] and info["patched"], info
+    assert "imported" not in info, "a Linux .so must not load into Windows CPython"
+    assert info["variant"] == kt_kernel_variant(cpu_features()), info
+    assert "no kt-kernel extension found" in info["error"] and ".pyd" in info["error"], info
+    assert "build/ktkernel/make.py" in info["error"], info
+    assert "kt-kernel cannot load" in info["plan"] and "torch W4A16" in info["plan"], info
 
 
 def _linux_isa_from_proc_cpuinfo(names: list[str]) -> list[str]:
