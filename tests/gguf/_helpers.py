@@ -181,3 +181,26 @@ def write_engram_table(tmp_path: Path, stream: np.ndarray, type_name: str, rows:
     return EngramSource(layer=layer, target=f"layers.{layer}.engram.embed", path=str(path), tensor=f"blk.{layer}.x",
                         offset=lead, nbytes=stream.size, type=type_name, rows=rows, dim=dim,
                         file_size=path.stat().st_size)
+
+
+def folder_bytes(folder: Path) -> int:
+    """Bytes of every file under folder (0 when it does not exist)."""
+    return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file()) if Path(folder).exists() else 0
+
+
+def assert_served_without_a_copy(log: str, gguf: Path, cache_growth: int) -> Path:
+    """A GGUF served straight from its file: the cached folder the server printed holds no weight
+    file, and the cache grew by far less than the GGUF (config, tokenizer, sidecars only)."""
+    import re
+
+    from winport.gguf.direct import SIDECAR
+
+    match = re.search(r"config and tokenizer go to (\S+)", log) or re.search(r"using the cached folder in (\S+)", log)
+    assert match, f"the server did not say where the GGUF's small cache is:\n{log[-3000:]}"
+    folder = Path(match.group(1))
+    assert (folder / SIDECAR).is_file() and (folder / "config.json").is_file()
+    weights = [p.name for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".pt") or "index" in p.name]
+    assert weights == [], f"{folder} holds weight files: {weights}"
+    size = Path(gguf).stat().st_size
+    assert cache_growth < min(size // 20, 100 << 20), f"the cache grew by {cache_growth} bytes for a {size}-byte GGUF"
+    return folder

@@ -289,3 +289,14 @@ def test_cli_info_and_dump(tiny: tuple[Path, dict], tmp_path: Path, capsys: pyte
     r = subprocess.run([sys.executable, "-m", "winport.gguf", "info", str(path), "--no-tensors"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "deepseek41.block_count" in r.stdout
+
+
+def test_cli_info_shows_the_cache(tiny: tuple[Path, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`winport gguf info` says what winport's GGUF cache holds."""
+    path, _ = tiny
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache" / "gguf" / "k1").mkdir(parents=True)
+    (tmp_path / "cache" / "gguf" / "k1" / "config.json").write_bytes(b"x" * 2_500_000)
+    assert info_main([str(path), "--no-tensors"]) == 0
+    assert "1 folder(s), 2.5 MB" in capsys.readouterr().out

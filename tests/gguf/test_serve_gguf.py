@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.gguf._helpers import assert_served_without_a_copy, folder_bytes
 from tests.helpers import REPO_ROOT
 
 CACHE = REPO_ROOT / ".cache" / "winport-test-gguf"
@@ -221,12 +222,14 @@ def _serve_and_ask(source: list[str], body: dict[str, Any]) -> tuple[dict[str, A
 
 
 def assert_gguf_serves_like_safetensors(gguf: Path, folder: Path, ids: list[int]) -> None:
-    """Serve `gguf` (converted through the server path) and `folder`; 8 greedy tokens and every prompt
-    and output log-probability must be identical."""
+    """Serve `gguf` (straight from the file, through the server path) and `folder`; 8 greedy tokens and
+    every prompt and output log-probability must be identical, and no weight copy is cached."""
     body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 8, "temperature": 0},
             "return_logprob": True, "logprob_start_len": 0}
+    before = folder_bytes(CACHE)
     from_gguf, log = _serve_and_ask(["--model", str(gguf)], body)
-    assert "winport gguf: converted into" in log
+    assert "no copy" in log
+    assert_served_without_a_copy(log, gguf, folder_bytes(CACHE) - before)
     from_st, _ = _serve_and_ask(["--model", str(folder)], body)
 
     def out_ids(r: dict[str, Any]) -> list[int]:

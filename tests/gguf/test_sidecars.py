@@ -154,6 +154,62 @@ def test_sidecars_found_next_to_model_are_bundled(model_dir: tuple[Path, dict, d
     assert not any(k.startswith("mtp.") for k in load_file(str(plain / "model.safetensors")))
 
 
+def test_direct_route_yields_exactly_the_copied_tensors(model_dir: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    """The folder `winport serve` writes for a GGUF (weights="direct") holds no weights; what SGLang's
+    loader then reads from the GGUF (winport.gguf.direct.weights) is, name for name and bit for bit and
+    in the same order, what the copying route writes into safetensors (model, DSpark draft, mmproj;
+    MXFP4 experts, Q8_0 -> FP8 dense)."""
+    from winport.gguf import direct
+
+    d, _, _ = model_dir
+    copied = gguf_to_checkpoint(_main(d), cache=tmp_path / "copy", draft=None, mmproj=None, dense_fp8=None,
+                                progress=False)
+    lean = gguf_to_checkpoint(_main(d), cache=tmp_path / "direct", draft=None, mmproj=None, dense_fp8=None,
+                              progress=False, weights="direct")
+    assert not [p for p in lean.iterdir() if p.suffix == ".safetensors" or "index" in p.name]
+    assert json.loads((lean / "config.json").read_text()) == json.loads((copied / "config.json").read_text())
+    assert sidecars(lean)["draft"]["stages"] == 2 and "mmproj" in sidecars(lean)
+    info = direct.read_sidecar(lean)
+    assert info is not None and info["fp4_experts"] and info["dense_fp8"]
+    want = load_file(str(copied / "model.safetensors"))
+    got = list(direct.weights(lean, progress=False))
+    names = [n for n, _ in got]
+    assert len(names) == len(set(names)) and sorted(names) == sorted(want)
+    assert names == list(_stream_order(copied))
+    for name, t in got:
+        assert t.dtype == want[name].dtype and t.shape == want[name].shape, name
+        np.testing.assert_array_equal(_bits(t), _bits(want[name]), err_msg=name)
+    assert direct.read_sidecar(copied) is None
+    (lean / direct.SIDECAR).write_text(json.dumps({**info, "model": str(tmp_path / "gone.gguf")}))
+    with pytest.raises(GGUFError, match="gone.gguf: the GGUF this server reads its weights from is gone"):
+        next(direct.weights(lean, progress=False))
+
+
+def test_cli_convert_writes_a_safetensors_folder(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`winport gguf convert` is the explicit safetensors export (serving reads the GGUF and needs none)."""
+    from winport.gguf.cli import convert_main
+
+    d, _, _ = model_dir
+    out = tmp_path / "ckpt"
+    assert convert_main([str(_main(d)), str(out)]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert "mtp.0.main_proj.weight" in load_file(str(out / "model.safetensors"))  # the draft next to it
+    assert not list(tmp_path.glob("*.converting"))
+    assert convert_main([str(_main(d)), str(out)]) == 2 and "exists" in capsys.readouterr().err
+
+
+def _stream_order(folder: Path) -> list[str]:
+    """Tensor names of a single-shard safetensors file in the order they were written."""
+    import struct
+
+    raw = (folder / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return [k for k, _ in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])]
+
+
 def _plan(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cuda: bool = False):
     from winport.serve import command
 

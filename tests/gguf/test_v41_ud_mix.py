@@ -75,7 +75,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.gguf._helpers import served_tensors
+from tests.gguf._helpers import assert_served_without_a_copy, folder_bytes, served_tensors
 from tests.helpers import REPO_ROOT
 
 CACHE = REPO_ROOT / ".cache" / "winport-test-gguf-v41"  # shared with test_v41_gguf (same demo folders)
@@ -421,6 +421,8 @@ class Live:
     reference: Answers
     control: Answers
     weight_error_ratio: float
+    gguf_path: Path
+    cache_growth: int  # bytes the server's cache grew by while serving the GGUF
 
 
 @pytest.fixture(scope="module")
@@ -437,13 +439,17 @@ def live(ud_gguf: Path, fp8_demo: Path, bf16_demo: Path, tmp_path_factory: pytes
     procs: list[subprocess.Popen[str]] = []
     try:
         answers = []
+        growth = 0
         # The control only measures prompt log-probabilities (its chat answer is not used: ~11 s saved).
         for args, chat in ((["--model", str(ud_gguf)], True), (["--model", str(fp8_demo)], True),
                            (["--model", str(control)], False)):
+            before = folder_bytes(cache)
             a, proc = _ask(args, ids, cache, chat)
+            if args[1] == str(ud_gguf):
+                growth = folder_bytes(cache) - before
             procs.append(proc)
             answers.append(a)
-        yield Live(*answers, weight_error_ratio=ratio)
+        yield Live(*answers, weight_error_ratio=ratio, gguf_path=ud_gguf, cache_growth=growth)
     finally:
         for p in procs:
             try:
@@ -454,7 +460,8 @@ def live(ud_gguf: Path, fp8_demo: Path, bf16_demo: Path, tmp_path_factory: pytes
 
 
 def test_ud_mix_gguf_serves_through_the_fp8_config(live: Live) -> None:
-    assert "winport gguf: converted into" in live.gguf.log
+    assert "no copy" in live.gguf.log
+    assert_served_without_a_copy(live.gguf.log, live.gguf_path, live.cache_growth)
     assert "routed experts are MXFP4" in live.gguf.log
     assert len(live.gguf.chat_tokens) == GREEDY_TOKENS and all(np.isfinite(live.gguf.prompt_logprobs))
 

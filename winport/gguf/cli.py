@@ -52,9 +52,49 @@ def info_main(argv: list[str] | None = None) -> int:
                 print(f"# {len(plan.unknown)} unmapped tensor(s): {', '.join(plan.unknown[:20])}{' ...' if len(plan.unknown) > 20 else ''}")
             if plan.missing:
                 print(f"# {len(plan.missing)} required tensor(s) missing: {', '.join(plan.missing[:20])}{' ...' if len(plan.missing) > 20 else ''}")
+        print(cache_line())
     except GGUFError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def cache_line() -> str:
+    """What winport's GGUF cache holds (served GGUFs keep only config, tokenizer and sidecars there)."""
+    from winport.paths import cache_dir
+
+    root = cache_dir() / "gguf"
+    folders = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    total = sum(f.stat().st_size for p in folders for f in p.rglob("*") if f.is_file())
+    return f"# winport GGUF cache {root}: {len(folders)} folder(s), {total / 1e6:,.1f} MB"
+
+
+def convert_main(argv: list[str] | None = None) -> int:
+    """``convert FILE OUT``: the GGUF (with a draft / mmproj found next to it) as a safetensors checkpoint
+    folder OUT, for tools that want one (`winport serve` reads the GGUF itself and needs none)."""
+    ap = argparse.ArgumentParser(prog="winport gguf convert", description=convert_main.__doc__)
+    ap.add_argument("file")
+    ap.add_argument("out")
+    args = ap.parse_args(argv)
+    import shutil
+    from pathlib import Path
+
+    from .to_checkpoint import gguf_to_checkpoint
+
+    out = Path(args.out)
+    if out.exists():
+        print(f"error: {out} exists; name a new folder", file=sys.stderr)
+        return 2
+    work = out.with_name(out.name + ".converting")
+    try:
+        folder = gguf_to_checkpoint(args.file, cache=work, dense_fp8=None, draft=None, mmproj=None, weights="copy")
+        folder.rename(out)
+    except GGUFError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"wrote {out}")
     return 0
 
 
@@ -125,14 +165,14 @@ def export_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-_COMMANDS = {"info": info_main, "dump": dump_main, "export": export_main}
+_COMMANDS = {"info": info_main, "dump": dump_main, "export": export_main, "convert": convert_main}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Dispatch ``info`` / ``dump`` / ``export``."""
+    """Dispatch ``info`` / ``dump`` / ``export`` / ``convert``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in _COMMANDS:
-        print("usage: python -m winport.gguf {info FILE | dump FILE TENSOR --npy OUT | "
+        print("usage: python -m winport.gguf {info FILE | dump FILE TENSOR --npy OUT | convert FILE OUT | "
               "export CHECKPOINT OUT.gguf [--draft-out D.gguf | --draft-only | --mmproj-only]}", file=sys.stderr)
         return 2
     return _COMMANDS[argv[0]](argv[1:])

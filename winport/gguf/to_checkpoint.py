@@ -266,6 +266,7 @@ def gguf_to_checkpoint(
     engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES,
     engram: str = "map",
     check: Callable[[Any], None] | None = None,
+    weights: str = "copy",
 ) -> Path:
     """Convert (once) a GGUF model, plus its sidecars, into a checkpoint folder and return the folder.
 
@@ -278,6 +279,9 @@ def gguf_to_checkpoint(
     ``engram_chunk_bytes``: source bytes per step when copying engram tables (bounds the memory).
     ``check``: called with the opened model once its sidecars are checked, before the cache is looked
     at or anything is converted (so a caller refuses what it cannot serve from the one open).
+    ``weights``: "copy" converts the weights into safetensors shards; "direct" (what `winport serve`
+    asks for) writes no weights at all: the folder names the GGUF (winport.gguf.direct), and SGLang's
+    loader reads and converts the weights from its memory map at load (patch gguf_direct_weights).
     Raises GGUFError (naming the file, tensor or key), for a bad sidecar before any conversion.
     """
     from winport.paths import cache_dir
@@ -287,6 +291,10 @@ def gguf_to_checkpoint(
 
     if engram not in ("map", "copy"):
         raise ValueError(f"engram={engram!r}: expected 'map' or 'copy'")
+    if weights not in ("copy", "direct"):
+        raise ValueError(f"weights={weights!r}: expected 'copy' or 'direct'")
+    if weights == "direct" and engram != "map":
+        raise ValueError("weights='direct' leaves the engram tables in the GGUF too (engram='map')")
     loaded = load_gguf_model(path, draft=draft, mmproj=mmproj)
     try:
         # Sidecars are checked first: a bad one is reported at start, not after the model.
@@ -312,13 +320,21 @@ def gguf_to_checkpoint(
         for side in (loaded.draft, loaded.mmproj):
             if side is not None:
                 paths += side.paths
-        key = cache_key(paths, dense_fp8=dense_fp8, draft=loaded.draft is not None, mmproj=loaded.mmproj is not None,
-                        engram=engram)
+        options: dict[str, Any] = {"dense_fp8": dense_fp8, "draft": loaded.draft is not None,
+                                   "mmproj": loaded.mmproj is not None, "engram": engram}
+        if weights == "direct":
+            options["weights"] = weights  # (the copying route keeps the keys its cached folders have)
+        key = cache_key(paths, **options)
         folder = root / "gguf" / key
         if _is_complete(folder):
-            _say(f"{loaded.model.paths[0].name}: using the converted copy in {folder}")
+            _say(f"{loaded.model.paths[0].name}: using the {'cached folder' if weights == 'direct' else 'converted copy'} "
+                 f"in {folder}")
             return folder
-        _say(f"converting {loaded.model.paths[0]} ({loaded.total_bytes() / 1e9:.2f} GB) into {folder}")
+        if weights == "direct":
+            _say(f"{loaded.model.paths[0]} ({loaded.total_bytes() / 1e9:.2f} GB): weights are read from the GGUF at "
+                 f"load (no copy); config and tokenizer go to {folder}")
+        else:
+            _say(f"converting {loaded.model.paths[0]} ({loaded.total_bytes() / 1e9:.2f} GB) into {folder}")
         if loaded.unknown_tensors:
             _say(f"{len(loaded.unknown_tensors)} tensor(s) the name table does not know are left out: "
                  + ", ".join(loaded.unknown_tensors[:20]) + (" ..." if len(loaded.unknown_tensors) > 20 else ""))
@@ -334,14 +350,14 @@ def gguf_to_checkpoint(
         tmp.mkdir(parents=True)
         try:
             _convert_into(loaded, tmp, config_from_metadata, dense_fp8, shard_bytes, progress, root,
-                          draft_cfg, mm_plan, engram_chunk_bytes, vision_cfg, engram)
+                          draft_cfg, mm_plan, engram_chunk_bytes, vision_cfg, engram, weights)
             if folder.exists():
                 shutil.rmtree(folder)
             tmp.rename(folder)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _say(f"converted into {folder}")
+        _say(f"{'wrote' if weights == 'direct' else 'converted into'} {folder}")
         return folder
     finally:
         loaded.close()
@@ -471,7 +487,7 @@ def check_mmproj(loaded: Any, say: bool = True) -> dict[str, Any]:
 def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: bool, shard_bytes: int,
                   progress: bool, root: Path, draft_cfg: dict[str, Any], mm_plan: Any,
                   engram_chunk_bytes: int = ENGRAM_CHUNK_BYTES, vision_cfg: dict[str, Any] | None = None,
-                  engram: str = "map") -> None:
+                  engram: str = "map", weights: str = "copy") -> None:
     meta = loaded.metadata
     config = config_from_metadata(meta, list(loaded.model.tensors))
     config.update(draft_cfg)
@@ -493,13 +509,18 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
             shutil.copyfile(f, tmp / f.name)
     writer = _ShardWriter(tmp, shard_bytes)
     seen: set[str] = set()
-    n_draft = 0
-    n_vision = 0
+    n_draft: int | None = 0
+    n_vision: int | None = 0
     streams = [(loaded.model, loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True))]
     if loaded.draft is not None:
         streams.append((loaded.draft, loaded.draft_weights(progress=progress, dense_fp8=dense_fp8)))
     if mm_plan is not None:
         streams.append((loaded.mmproj, loaded.mmproj_weights()))
+    if weights == "direct":
+        from .direct import write_sidecar
+
+        write_sidecar(tmp, loaded, dense_fp8, loaded.draft is not None, mm_plan is not None)
+        streams, n_draft, n_vision = [], None, None
     for src, stream in streams:
         for name, t in stream:
             if name in seen:
@@ -524,9 +545,10 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
                     raise GGUFError(f"{loaded.model.paths[0]}: tensor {name!r} produced twice")
                 seen.add(name)
             writer.add_group(group)
-    weight_files = writer.finish()
+    weight_files = writer.finish() if weights == "copy" else []
     stamp: dict[str, Any] = {"format": FORMAT_VERSION, "source": [str(p) for p in loaded.model.paths],
-                             "dense_fp8": dense_fp8, "weights": weight_files, "tensors": len(seen),
+                             "dense_fp8": dense_fp8, "weights": weight_files, "route": weights,
+                             "tensors": len(seen) if weights == "copy" else None,
                              "engram": {"route": engram, "mapped_tables": len(mapped)}}
     if loaded.draft is not None:
         stamp["draft"] = {"source": [str(p) for p in loaded.draft.paths], "tensors": n_draft,

@@ -23,6 +23,7 @@ PATCHES: tuple[str, ...] = (
     "cpu_mhc_combine",
     "engram_host_table_file_map",
     "engram_rows_from_gguf",
+    "gguf_direct_weights",
     "chat_template_without_recipe",
     "chat_images_in_string_template",
     "cpu_fp8_block_linear",

@@ -177,6 +177,8 @@ def build_plan(argv: list[str]) -> LaunchPlan:
                     draft=Path(args.draft_model).expanduser() if args.draft_model else None,
                     mmproj=Path(args.mmproj).expanduser() if args.mmproj else None,
                     check=lambda _loaded: refuse_unusable_sidecars(device, args.draft_model),
+                    # No second copy: SGLang reads the weights from the GGUF (winport.gguf.direct).
+                    weights="direct",
                 )
             except GGUFError as exc:
                 raise ServeError(f"--model {model_path}: {exc}") from None
