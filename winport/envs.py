@@ -70,11 +70,13 @@ WINPORT_SHIMS = EnvVar(
 WINPORT_CACHE = EnvVar(
     "WINPORT_CACHE", "path", None,
     default_text="`%LOCALAPPDATA%\\winport` on Windows, else `$XDG_CACHE_HOME/winport` or `~/.cache/winport`",
-    why="Where generated and cached files go: the demo model, converted GGUF checkpoints and tokenizers "
+    why="Where generated and cached files go: the demo model, the small folders a served GGUF needs "
+        "(config, tokenizer, sidecars: its weights stay in the GGUF) and `winport gguf convert`'s work "
         "(winport.paths.cache_dir).")
 WINPORT_READY_TIMEOUT = EnvVar(
     "WINPORT_READY_TIMEOUT", "float", 1800.0,
-    why="Seconds `winport serve` waits for the server to answer before it stops it (a first load converts the model).")
+    why="Seconds `winport serve` waits for the server to answer before it stops it (loading a large model "
+        "takes minutes).")
 WINPORT_CUDA_GRAPH = EnvVar(
     "WINPORT_CUDA_GRAPH", "bool", True,
     why="0 runs decode eagerly instead of in CUDA graphs (a debugging aid: slower, same results).")
@@ -88,7 +90,7 @@ WINPORT_CPU_TORCH_KERNELS = EnvVar(
         "winport's torch versions (benchmarks compare the two).")
 WINPORT_ENGRAM_GGUF = EnvVar(
     "WINPORT_ENGRAM_GGUF", "path", None, default_text="unset",
-    why="Set by `winport serve` for its server: the converted checkpoint's engram_gguf.json, whose tables "
+    why="Set by `winport serve` for its server: the GGUF folder's engram_gguf.json, whose tables "
         "SGLang's processes read from the GGUF's memory map (winport.patches.engram_rows_from_gguf).")
 WINPORT_KT_MOE = EnvVar(
     "WINPORT_KT_MOE", "bool", False, default_text="set by `winport serve`",
