@@ -41,26 +41,11 @@ def _draw(g, n: int, k: int):  # noqa: ANN001, ANN202
     return codes, scale
 
 
-def _median_ms(fn, iters: int) -> float:  # noqa: ANN001
-    import torch
-
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def _measure(kt, moe, slots, gpu_side, x, ids, w, iters: int) -> dict:  # noqa: ANN001
     """One placement and batch: GPU alone, CPU alone, hybrid (module docstring)."""
     import torch
+
+    from roofline import median_ms  # sibling module: scripts/bench is on sys.path when run as a script
 
     slot_ids = ids.clone()
     cpu_ids = slots.split_(slot_ids)
@@ -74,9 +59,9 @@ def _measure(kt, moe, slots, gpu_side, x, ids, w, iters: int) -> dict:  # noqa: 
         kt.submit(x, cpu_ids, w)
         kt.sync(x)
 
-    gpu_ms = _median_ms(lambda: gpu_side(x, slot_ids, w), iters) if gpu_side is not None else 0.0
-    cpu_ms = _median_ms(run_cpu, iters)
-    hyb_ms = _median_ms(lambda: moe.forward(x, ids.clone(), w, RSF), iters)
+    gpu_ms = median_ms(lambda: gpu_side(x, slot_ids, w), iters) if gpu_side is not None else 0.0
+    cpu_ms = median_ms(run_cpu, iters)
+    hyb_ms = median_ms(lambda: moe.forward(x, ids.clone(), w, RSF), iters)
     return {"gpu_ms": gpu_ms, "cpu_ms": cpu_ms, "hybrid_ms": hyb_ms, "wait_ms": hyb_ms - gpu_ms,
             "overlap": hyb_ms / max(gpu_ms, cpu_ms, 1e-9), "cpu_experts_read": n_cpu,
             "cpu_gbs": n_cpu * EXPERT_BYTES / (cpu_ms * 1e-3) / 1e9, "backend": kt.backend}
