@@ -44,7 +44,6 @@ def _draw(g, n: int, k: int):  # noqa: ANN001, ANN202
 def _measure(kt, moe, slots, gpu_side, x, ids, w, iters: int) -> dict:  # noqa: ANN001
     """One placement and batch: GPU alone, CPU alone, hybrid (module docstring)."""
     import torch
-
     from roofline import median_ms  # sibling module: scripts/bench is on sys.path when run as a script
 
     slot_ids = ids.clone()
