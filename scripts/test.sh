@@ -10,7 +10,8 @@ if [ -x scripts/ci/apt-test-tools.sh ] && [ "$(id -u)" = 0 ] && command -v apt-g
   bash scripts/ci/apt-test-tools.sh
 fi
 set +e
-.venv/bin/python -m pytest -m "not gpu and not slow" "$@"
+# --durations: the slowest tests, so that CI time can be watched (goal: under 60 minutes in all).
+.venv/bin/python -m pytest -m "not gpu and not slow" --durations=25 "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
