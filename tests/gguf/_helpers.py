@@ -140,16 +140,20 @@ def write_gguf(path: Path, arch: str, tensors: dict[str, tuple[str, np.ndarray]]
 
 
 def served_tensors(folder: Path) -> dict[str, Any]:
-    """Every tensor SGLang gets from a converted folder: its safetensors shards, plus the engram tables
-    a converted GGUF leaves in the GGUF (engram_gguf.json), read whole through the same memory map."""
+    """Every tensor SGLang gets from a GGUF's folder: its safetensors shards, or for a folder served
+    straight from the GGUF (winport.gguf.direct) the tensors its loader reads from there, plus the
+    engram tables left in the GGUF (engram_gguf.json), read whole through the same memory map."""
     import torch
     from safetensors.torch import load_file
 
+    from winport.gguf import direct
     from winport.gguf.engram_rows import SIDECAR, EngramRows, read_sources
 
     out: dict[str, Any] = {}
     for f in sorted(Path(folder).glob("*.safetensors")):
         out.update(load_file(str(f)))
+    if direct.read_sidecar(folder) is not None:
+        out.update(direct.weights(folder, progress=False))
     if (Path(folder) / SIDECAR).exists():
         for source in read_sources(Path(folder) / SIDECAR).values():
             table = EngramRows(source)
