@@ -576,6 +576,17 @@ class LoadedGGUF:
             rows = sum(int(self.mmproj[g].shape[0]) for g in plan.tensors[target[: -len("bias")] + "weight"])
             yield target, torch.zeros(rows, dtype=torch.float32)
 
+    def weight_streams(self, *, progress: bool = True, dense_fp8: bool = True) -> list[tuple[GGUFModel, Iterator[tuple[str, Any]]]]:
+        """(source file, its tensors) for everything a served folder holds, in load order: the model,
+        then the bundled DSpark draft and vision projector when open (what the safetensors export
+        writes and what SGLang's loader reads straight from the GGUF, winport.gguf.direct)."""
+        streams = [(self.model, self.weights(progress=progress, dense_fp8=dense_fp8, copy=True))]
+        if self.draft is not None:
+            streams.append((self.draft, self.draft_weights(progress=progress, dense_fp8=dense_fp8)))
+        if self.mmproj is not None:
+            streams.append((self.mmproj, self.mmproj_weights()))
+        return streams
+
     def kt_experts(self, layer: int) -> dict[str, Iterator[tuple[int, np.ndarray, np.ndarray]]]:
         """kt-kernel MXFP4 layout per role ("w1", "w3", "w2"): iterators of (expert, nibbles, E8M0)."""
         out: dict[str, Iterator[tuple[int, np.ndarray, np.ndarray]]] = {}

@@ -69,10 +69,7 @@ def weights(folder: str | Path, progress: bool = True) -> Iterator[tuple[str, An
                             f"(named by {Path(folder) / SIDECAR})")
     loaded = load_gguf_model(info["model"], draft=info["draft"] or False, mmproj=info["mmproj"] or False)
     try:
-        yield from loaded.weights(progress=progress, dense_fp8=info["dense_fp8"], copy=True)
-        if loaded.draft is not None:
-            yield from loaded.draft_weights(progress=progress, dense_fp8=info["dense_fp8"])
-        if loaded.mmproj is not None:
-            yield from loaded.mmproj_weights()
+        for _source, stream in loaded.weight_streams(progress=progress, dense_fp8=info["dense_fp8"]):
+            yield from stream
     finally:
         loaded.close()

@@ -511,11 +511,7 @@ def _convert_into(loaded: Any, tmp: Path, config_from_metadata: Any, dense_fp8: 
     seen: set[str] = set()
     n_draft: int | None = 0
     n_vision: int | None = 0
-    streams = [(loaded.model, loaded.weights(progress=progress, dense_fp8=dense_fp8, copy=True))]
-    if loaded.draft is not None:
-        streams.append((loaded.draft, loaded.draft_weights(progress=progress, dense_fp8=dense_fp8)))
-    if mm_plan is not None:
-        streams.append((loaded.mmproj, loaded.mmproj_weights()))
+    streams = loaded.weight_streams(progress=progress, dense_fp8=dense_fp8)
     if weights == "direct":
         from .direct import write_sidecar
 
