@@ -40,23 +40,23 @@ class HybridMoE:
         if self.slots.num_slots and run_gpu is None:
             raise ValueError(f"{self.slots.num_slots} GPU expert slots but no GPU-side expert method")
         cpu_ids = self.slots.split_(topk_ids)
-        if self.slots.num_slots == self.slots.num_experts and run_gpu is not None:
+        gpu_work = run_gpu is not None and self.slots.num_slots > 0
+        cpu: torch.Tensor | None = None
+        if gpu_work and self.slots.num_slots == self.slots.num_experts:
             # Every expert resident: no CPU work, and kt-kernel's two host functions and copy would
             # still cost ~0.3 ms a layer on the stream (H200, scripts/bench/hybrid_layer.py). Fixed
             # per layer, so the same branch is taken at CUDA-graph capture and replay.
-            acc = run_gpu(x, topk_ids, topk_weights).float()
-            return (acc * routed_scaling_factor if routed_scaling_factor != 1.0 else acc).to(x.dtype)
-        if not self.kt.fits(x):
+            gpu = run_gpu(x, topk_ids, topk_weights)
+        elif not self.kt.fits(x):
             # A prefill longer than kt-kernel's buffers (never under CUDA graphs): chunked, synchronous.
             cpu = self.kt.forward(x, cpu_ids, topk_weights)
-            gpu = run_gpu(x, topk_ids, topk_weights) if run_gpu and self.slots.num_slots else None
+            gpu = run_gpu(x, topk_ids, topk_weights) if gpu_work else None
         else:
             self.kt.submit(x, cpu_ids, topk_weights)
-            gpu = run_gpu(x, topk_ids, topk_weights) if run_gpu and self.slots.num_slots else None
+            gpu = run_gpu(x, topk_ids, topk_weights) if gpu_work else None
             cpu = self.kt.sync(x)
-        acc = cpu.float()
-        if gpu is not None:
-            acc = acc + gpu.float()
+        parts = [t.float() for t in (cpu, gpu) if t is not None]
+        acc = parts[0] if len(parts) == 1 else parts[0] + parts[1]
         if routed_scaling_factor != 1.0:
             acc = acc * routed_scaling_factor
         return acc.to(x.dtype)
