@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The hybrid MoE on the H200 device machine: kt-kernel's CPU experts next to the GPU.
-# Carry .whlserve (scripts/gpu/fetch_serve_wheels.sh) and .ktdev (kt_kernel and kt_kernel.libs taken
-# from kt-kernel 0.7.2's cp312 wheel, only the extension variant the host needs: `amx` for the H200
-# host, so the copied tree stays under the 64 MiB that reaches the GPU machine).
+# Carry .whlserve (scripts/gpu/fetch_serve_wheels.sh) and .ktdev (scripts/gpu/fetch_kt_kernel.sh: kt-kernel
+# 0.7.2's cp312 kt_kernel as one xz tarball, so both stay under the 64 MiB that reaches the GPU machine).
 # Usage (device, repo root): bash scripts/gpu/hybrid_check.sh PART...
 #   kt     kt-kernel MXFP4 experts at V4.1 shapes vs the read probe (scripts/bench/kt_experts.py)
 #   layer  the gpu-marked hybrid layer tests (tests/hybrid/test_kt_moe_layer.py)
@@ -14,7 +13,8 @@
 # PROXY_ARGS pass options on.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/site
-if [ -d .ktdev/kt_kernel ]; then cp -r .ktdev/kt_kernel .ktdev/kt_kernel.libs /tmp/site/; fi
+if [ -f .ktdev/kt_kernel.tar.xz ]; then tar -C /tmp/site -xJf .ktdev/kt_kernel.tar.xz  # scripts/gpu/fetch_kt_kernel.sh
+elif [ -d .ktdev/kt_kernel ]; then cp -r .ktdev/kt_kernel .ktdev/kt_kernel.libs /tmp/site/; fi
 ops_site() {  # a bare python on the device has no winport .pth: install the shim finder for it
   local site; site=$(mktemp -d); echo "import winport.shimloader as _s; _s.install()" > "$site/sitecustomize.py"
   echo "$site:/tmp/site:$PWD"
