@@ -31,10 +31,24 @@ def test_config_has_the_real_layer_shapes() -> None:
     assert (cfg["index_n_heads"], cfg["index_head_dim"], cfg["engram_head_dim"]) == (32, 128, 256)
     assert cfg["compress_ratios"] == [0, 2, 2, 1] and cfg["kv_source_layer_ids"] == [1, 3]
     assert cfg["num_nextn_predict_layers"] == 0 and not any(k.startswith("dspark_") for k in cfg)
-    assert full_width_config(2)["engram_layer_ids"] == [1]
+    assert full_width_config(2)["engram_layer_ids"] == [0]
     for bad in (1, 5):
         with pytest.raises(ValueError, match=f"--layers {bad}"):
             full_width_config(bad)
+
+
+@pytest.mark.parametrize("layers", [2, 3, 4])
+def test_layer_roles_suit_sglangs_cuda_tail(layers: int) -> None:
+    # On CUDA, SGLang 0.5.23's DeepseekV4Model (decoder SWA bounded replay) asserts these at build
+    # time; a 2-layer proxy with its engram on layer 1 failed there on the H200 (2026-12-02).
+    cfg = full_width_config(layers)
+    last = max(cfg["kv_source_layer_ids"])
+    assert last not in cfg["engram_layer_ids"]
+    assert last in cfg["index_source_layer_ids"] and cfg["candidate_source_layer_id"] in (-1, last)
+    assert set(cfg["compress_ratios"][last + 1:]) <= {0, 1}
+    assert cfg["num_hash_layers"] <= last
+    assert len(cfg["compress_ratios"]) == layers and cfg["engram_layer_ids"][0] < layers
+    assert set(cfg["kv_source_layer_ids"]) == set(cfg["index_source_layer_ids"])
 
 
 def test_plan_at_full_width() -> None:

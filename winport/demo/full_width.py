@@ -8,10 +8,10 @@ per 32), stored as DeepSeek ships them: dense FP8 in [32, 32] blocks, experts MX
 follow the V4.1 demo's pattern (winport.demo.config_v41), cut to N:
 
     layer  ratio  role
-    0      0      hash-routed MoE (tid2eid)
-    1      2      kv and index source (owns the ratio-2 latents and index keys); engram when N = 2
-    2      2      engram, reads layer 1's latents and top-k
-    3      1      kv and index source of ratio 1
+    0      0      hash-routed MoE (tid2eid); engram when N < 4
+    1      2      kv and index source (owns the ratio-2 latents and index keys)
+    2      2      engram, reads layer 1's latents and top-k (N = 4 only)
+    3      1      kv and index source of ratio 1 (layer 2 when N = 3)
 
 Not real, on purpose, so that the proxy fits the H200 machine (128 GiB RAM, 64 GiB disk) and
 loads in minutes: the vocabulary is the demo tokenizer's 1024 tokens (the real 129280-row
@@ -68,6 +68,12 @@ FULL_WIDTH = {
 }
 PROXY_ENGRAM_VOCAB = 65521  # bucket primes start here: ~0.4M rows of 264 bytes (~100 MB)
 _PATTERN = [0, 2, 2, 1]
+_SOURCES = (1, 3)  # the pattern layers that own their latents and index keys
+# Which pattern layers an N-layer proxy keeps. SGLang's CUDA path (decoder SWA bounded replay,
+# DeepseekV4Model.__init__ in 0.5.23) needs: no engram on the last kv source, that source also an
+# index source, and no layer after it compressing on its own (ratio 0 or 1 only); so 3 layers skip
+# pattern layer 2, and without it the engram moves to layer 0.
+_LAYERS_OF = {2: (0, 1), 3: (0, 1, 3), 4: (0, 1, 2, 3)}
 _DSPARK_KEYS = ("dspark_", "enable_confidence_head", "confidence_head_with_markov")
 
 
@@ -80,14 +86,15 @@ def full_width_config(layers: int) -> dict[str, Any]:
                          f"(each takes ~7 GB of MXFP4 experts)")
     cfg = {k: v for k, v in demo_config("v41").items() if not k.startswith(_DSPARK_KEYS)}
     cfg.update(FULL_WIDTH)
-    engram_layer = 2 if layers > 2 else 1
+    pattern = _LAYERS_OF[layers]
+    sources = [i for i, p in enumerate(pattern) if p in _SOURCES]
     primes = engram_primes(1, cfg["engram_max_ngram_size"], cfg["engram_n_heads"], PROXY_ENGRAM_VOCAB)
     cfg.update({
         "num_hidden_layers": layers,
-        "compress_ratios": _PATTERN[:layers],
-        "kv_source_layer_ids": [i for i in (1, 3) if i < layers],
-        "index_source_layer_ids": [i for i in (1, 3) if i < layers],
-        "engram_layer_ids": [engram_layer],
+        "compress_ratios": [_PATTERN[p] for p in pattern],
+        "kv_source_layer_ids": sources,
+        "index_source_layer_ids": sources,
+        "engram_layer_ids": [pattern.index(2) if 2 in pattern else 0],
         "engram_vocab_size": PROXY_ENGRAM_VOCAB,
         "engram_num_embeddings": [sum(sum(r) for r in layer) for layer in primes],
         "num_nextn_predict_layers": 0,
