@@ -45,7 +45,10 @@ def _generate_s(base: str, new_tokens: int) -> float:
 def serve_once(folder: Path, gpu_experts: int, port: int, tokens: int, log: Path, ready_s: float) -> dict:
     """Start the server, check a chat answer, time decode, stop it; return the row."""
     argv = [sys.executable, "-m", "winport", "serve", "--model", str(folder), "--port", str(port),
-            "--gpu-experts", str(gpu_experts), "--max-running-requests", "4", "--context-length", "4096"]
+            "--gpu-experts", str(gpu_experts), "--max-running-requests", "4", "--context-length", "4096",
+            # With 2-4 layers a token's KV is tiny, so SGLang's default sizing makes a pool of ~400M
+            # tokens whose decode buffers then fail to fit (H200, 2026-12-02): cap it
+            "--", "--max-total-tokens", "65536"]
     t0 = time.perf_counter()
     with open(log, "w", encoding="utf-8") as fh:
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, text=True)
