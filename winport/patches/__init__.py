@@ -18,6 +18,7 @@ PATCHES: tuple[str, ...] = (
     "fused_op_without_jit",
     "dsv4_fused_store",
     "dsv41_cuda_without_jit",
+    "cuda_router_gemm_without_jit",
     "dsv41_cpu_swa_layout_flag",
     "dsv41_cpu_index_k_store",
     "cpu_mhc_combine",
