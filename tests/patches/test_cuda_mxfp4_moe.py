@@ -204,10 +204,10 @@ def test_serve_plan_keeps_experts_packed_only_when_opted_in(monkeypatch: pytest.
     assert plan.device == "cuda"
     assert "SGLANG_DSV4_FP4_DEQUANT" not in plan.env
     assert plan.env[patch.ENV] == "1"
-    assert plan.argv[plan.argv.index("--moe-runner-backend") + 1] == "triton"
+    # --moe-runner-backend triton then is the platform's default: tests/serve/test_launch_policy.py.
     plan = _cuda_plan(monkeypatch, tmp_path, opt_in=False)
     assert plan.env["SGLANG_DSV4_FP4_DEQUANT"] == "1"
-    assert "--moe-runner-backend" not in plan.argv and patch.ENV not in plan.env
+    assert patch.ENV not in plan.env
 
 
 THROUGH_SGLANG = """

@@ -120,38 +120,16 @@ def test_cpu_tensor_parallel_gets_a_thread_binding(cpu_only: None, tmp_path, mon
     plan = command.build_plan(["--demo", "--tp", "2"])
     assert plan.env["SGLANG_CPU_OMP_THREADS_BIND"].count("|") == 1
     assert int(plan.env["OPENBLAS_NUM_THREADS"]) == max(1, (__import__("os").cpu_count() or 1) // 2)
-    # Collectives are gloo's: SGLang's custom all-reduce (CUDA IPC + NCCL) is never attempted.
-    assert "--disable-custom-all-reduce" in plan.argv
-    assert "--disable-custom-all-reduce" not in command.build_plan(["--demo"]).argv
+    # Custom all-reduce off at --tp 2 is the platform's default: tests/serve/test_launch_policy.py.
     with pytest.raises(command.ServeError, match="at least 1"):
         command.build_plan(["--demo", "--tp", "0"])
-
-
-@pytest.mark.parametrize(("setting", "eager"), [(None, False), ("1", False), ("0", True)])
-def test_cuda_decode_uses_cuda_graphs_unless_told_not_to(monkeypatch: pytest.MonkeyPatch, tmp_path,
-                                                         setting: str | None, eager: bool) -> None:
-    import json
-
-    from winport.demo.config import demo_config
-
-    folder = tmp_path / "demo"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(demo_config()))
-    monkeypatch.setattr(command, "_cuda_available", lambda: True)
-    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: folder)
-    if setting is None:
-        monkeypatch.delenv("WINPORT_CUDA_GRAPH", raising=False)
-    else:
-        monkeypatch.setenv("WINPORT_CUDA_GRAPH", setting)
-    plan = command.build_plan(["--demo"])
-    assert plan.device == "cuda"
-    assert ("--disable-cuda-graph" in plan.argv) is eager
 
 
 def test_cuda_decode_is_eager_when_engram_rows_come_from_the_gguf_map(monkeypatch: pytest.MonkeyPatch, tmp_path,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """A converted V4.1 GGUF whose engram tables stay in the file (engram_gguf.json): SGLang's processes
-    get the file's path, and on CUDA decode runs without graphs (the rows are gathered on the host)."""
+    get the file's path, and on CUDA the user is told decode runs without graphs (the rows are gathered
+    on the host; the platform turns them off: tests/serve/test_launch_policy.py)."""
     import json
 
     from winport.demo.config import demo_config
@@ -164,10 +142,10 @@ def test_cuda_decode_is_eager_when_engram_rows_come_from_the_gguf_map(monkeypatc
     monkeypatch.delenv("WINPORT_CUDA_GRAPH", raising=False)
     monkeypatch.setattr(command, "_cuda_available", lambda: True)
     plan = command.build_plan(["--demo"])
-    assert ENV not in plan.env and "--disable-cuda-graph" not in plan.argv
+    assert ENV not in plan.env
     (folder / SIDECAR).write_text('{"engram_tables": []}')
     plan = command.build_plan(["--demo"])
-    assert plan.env[ENV] == str(folder / SIDECAR) and "--disable-cuda-graph" in plan.argv
+    assert plan.env[ENV] == str(folder / SIDECAR)
     assert "CUDA graphs are off for this model" in capsys.readouterr().out
     monkeypatch.setattr(command, "_cuda_available", lambda: False)
     plan = command.build_plan(["--demo"])

@@ -27,6 +27,7 @@ from typing import Any
 
 from winport import envs
 from winport.patches._base import register, require_source
+from winport.platform.launch_policy import gpu_mxfp4_moe
 
 ENV = envs.WINPORT_GPU_MXFP4_MOE.name
 PROCESS = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.process_weights_after_loading_block_quant"
@@ -35,9 +36,8 @@ CREATE = "sglang.srt.layers.quantization.fp8.Fp8MoEMethod.create_fp8_moe_weight_
 FLAG = "_winport_cuda_mxfp4"  # set on a layer whose experts this patch serves
 
 
-def enabled() -> bool:
-    """Whether the user opted in (WINPORT_GPU_MXFP4_MOE=1)."""
-    return bool(envs.WINPORT_GPU_MXFP4_MOE.get())
+# Whether the user opted in (WINPORT_GPU_MXFP4_MOE=1): the launch policy's rule, one home.
+enabled = gpu_mxfp4_moe
 
 
 def _on_cuda() -> bool:
@@ -59,7 +59,7 @@ def _check_backend(method: Any, layer: Any) -> None:
     if backend.is_triton() or (backend.is_auto() and not method.is_deepgemm_moe_runner_backend_enabled()):
         return
     raise RuntimeError(f"{_name(layer)}: {ENV}=1 runs the MXFP4 experts in winport's Triton kernel, which needs "
-                       f"--moe-runner-backend triton (winport serve passes it), not {backend}")
+                       f"--moe-runner-backend triton (winport's platform makes it the default), not {backend}")
 
 
 def prepare_layer(method: Any, layer: Any) -> None:

@@ -30,9 +30,13 @@ def activate_platform() -> str | None:
         return None
     import torch
 
-    if torch.cuda.is_available() and not envs.SGLANG_USE_CPU_ENGINE.get():
-        return CUDA_PLATFORM
-    return CPU_PLATFORM
+    from winport.platform.launch_policy import export_switches
+
+    cuda = torch.cuda.is_available() and not envs.SGLANG_USE_CPU_ENGINE.get()
+    # The same switches `winport serve` gives its child, for a plain `python -m sglang.launch_server`
+    # (SGLang reads them when it uses them, after this; the processes it starts inherit them).
+    export_switches("cuda" if cuda else "cpu")
+    return CUDA_PLATFORM if cuda else CPU_PLATFORM
 
 
 def register_hooks() -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from winport import envs
+from winport.platform.launch_policy import engram_map_of, sglang_switches
 from winport.serve.args import build_parser
 from winport.serve.memory import VramError, VramPlan, plan_vram
 
@@ -66,51 +67,6 @@ def resolve_device(requested: str) -> str:
     if requested == "cuda" and not _cuda_available():
         raise ServeError("--device cuda was asked for, but torch sees no CUDA GPU (winport doctor says why)")
     return requested
-
-
-def gpu_mxfp4_moe() -> bool:
-    """Whether the user opted into winport's MXFP4 MoE kernel on CUDA (WINPORT_GPU_MXFP4_MOE=1)."""
-    return bool(envs.WINPORT_GPU_MXFP4_MOE.get())
-
-
-def sglang_switches(device: str) -> dict[str, str]:
-    """SGLang's own environment switches that keep it off CUDA JIT kernels (no patch needed)."""
-    env: dict[str, str] = {}
-    # A CUDA JIT kernel no winport shim replaces fails at once, by name, instead of trying nvcc
-    # (absent on Windows, useless on CPU).
-    envs.set_for_child(env, envs.SGLANG_CRASH_ON_JIT_COMPILE, "1")
-    # Hash-routed MoE layers: SGLang's torch routing instead of the fused JIT kernel.
-    envs.set_for_child(env, envs.SGLANG_OPT_USE_FUSED_HASH_TOPK, "0")
-    # DeepGEMM's JIT is Linux-only; winport's deep_gemm shim serves the names SGLang calls.
-    envs.set_for_child(env, envs.SGLANG_ENABLE_JIT_DEEPGEMM, "0")
-    # With flashinfer "available" SGLang imports ~40 flashinfer submodules on CUDA (trtllm MoE,
-    # fp4 quantization, comm fusion) that have no Windows build and no winport shim; told it is
-    # absent, SGLang takes its torch/Triton/sgl_kernel routes, which winport's shims serve.
-    envs.set_for_child(env, envs.SGLANG_IS_FLASHINFER_AVAILABLE, "false")
-    # SGLang asserts the sglang-kernel *distribution* version; winport's sgl_kernel is a shim
-    # module with no distribution metadata.
-    envs.set_for_child(env, envs.SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK, "1")
-    if device != "cpu" and gpu_mxfp4_moe():
-        # Opt-in: the experts stay packed MXFP4 and run in winport's Triton W4A16 kernel
-        # (winport.patches.cuda_mxfp4_moe); SGLANG_DSV4_FP4_DEQUANT must stay unset for that.
-        envs.set_for_child(env, envs.WINPORT_GPU_MXFP4_MOE, "1")
-    elif device != "cpu":
-        # MXFP4 routed experts: SGLang's CUDA choice is flashinfer's MXFP4 MoE, which has no Windows
-        # build. Dequantized to FP8 blocks at load they run in SGLang's Triton fused MoE (its
-        # activation quantization through winport.patches.cuda_jit_quant). WINPORT_GPU_MXFP4_MOE=1
-        # keeps them 4-bit instead (winport's own kernel, not yet the default).
-        envs.set_for_child(env, envs.SGLANG_DSV4_FP4_DEQUANT, "1")
-    if device == "cpu":
-        envs.set_for_child(env, envs.SGLANG_USE_CPU_ENGINE, "1")
-        # SGLang's own torch implementation of the indexer's paged MQA logits.
-        envs.set_for_child(env, envs.SGLANG_FP8_PAGED_MQA_LOGITS_TORCH, "1")
-        # The DSV4 metadata kernels are Triton; on CPU they run in Triton's interpreter.
-        envs.set_for_child(env, envs.TRITON_INTERPRET, "1")
-        # DeepSeek-V4's FP8 wo_a: dequantized to bf16 at load (SGLang's own path for block sizes
-        # its fp8 einsum does not take) instead of the W8A8 DeepGEMM-style einsum; the CPU runs
-        # every FP8 linear as W8A16 (winport.patches.cpu_fp8_block_linear).
-        envs.set_for_child(env, envs.SGLANG_OPT_FP8_WO_A_GEMM, "0")
-    return env
 
 
 # SGLang flags that winport serve sets from its own (the ready line, the API key check and the
@@ -216,27 +172,13 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     if args.speculative_algorithm and "--speculative-algorithm" not in sg:
         sg += dspark_args(folder)
     vram = None
-    if device == "cpu":
-        if args.vram_gib is not None:
-            raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
-        sg += ["--max-total-tokens", "16384", "--swa-full-tokens-ratio", "0.5", "--skip-server-warmup"]
-    if device != "cpu":
-        # SGLang captures decode in CUDA graphs (the DeepSeek-V4 XPU-route shims are graph-safe:
-        # tests/ops/test_dsv4_graph_safe.py; on the H200 the live server tests pass with graphs, see
-        # scripts/bench/RESULTS.md). WINPORT_CUDA_GRAPH=0 runs decode eagerly instead (a debugging
-        # aid: slower, same results).
-        if not envs.WINPORT_CUDA_GRAPH.get():
-            sg += ["--disable-cuda-graph"]
-        elif engram_mapped:
-            # The mapped engram rows are gathered on the host and copied to the GPU per lookup, which a
-            # CUDA graph cannot capture: decode runs eagerly (correct, slower) until a device gather exists.
-            print("winport serve: engram tables are read from the GGUF's memory map on the host: CUDA graphs "
-                  "are off for this model", flush=True)
-            sg += ["--disable-cuda-graph"]
-        if gpu_mxfp4_moe():
-            # Without it SGLang's DeepSeek-V4 override picks flashinfer_mxfp4 for packed experts on
-            # sm90/sm100/sm120; the Triton backend leaves them to Fp8MoEMethod, which the patch serves.
-            sg += ["--moe-runner-backend", "triton"]
+    if device == "cpu" and args.vram_gib is not None:
+        raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
+    # Device defaults (KV pool size on CPU, CUDA graphs, the MoE runner, custom all-reduce) are the
+    # platform's (winport.platform.launch_policy), applied as SGLang resolves its arguments.
+    if device != "cpu" and engram_mapped and envs.WINPORT_CUDA_GRAPH.get():
+        print("winport serve: engram tables are read from the GGUF's memory map on the host: CUDA graphs "
+              "are off for this model", flush=True)
     if device != "cpu" and args.vram_gib is not None:
         import torch
 
@@ -260,11 +202,6 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         # (winport.patches.cpu_tp_thread_binding); sized to one rank's share they do not overlap.
         envs.set_for_child(env, envs.OPENBLAS_NUM_THREADS, envs.OPENBLAS_NUM_THREADS.raw() or str(
             max(1, (os.cpu_count() or 1) // args.tp)))
-    if args.tp > 1:
-        # winport's platforms do collectives with gloo. SGLang's custom all-reduce needs CUDA IPC
-        # buffers and NCCL (neither exists on Windows; on CPU its set-up only fails with a
-        # warning), so it is switched off rather than attempted.
-        sg += ["--disable-custom-all-reduce"]
     if args.cpu_threads:
         envs.set_for_child(env, envs.OMP_NUM_THREADS, str(args.cpu_threads))
     from winport.hybrid.serve_plan import expert_plan
@@ -310,7 +247,6 @@ class ModelFolder:
         """Read the stamp, config.json and the engram map of `path` (missing files are recorded, not raised)."""
         import json
 
-        from winport.gguf.engram_rows import SIDECAR as ENGRAM_SIDECAR
         from winport.gguf.to_checkpoint import sidecars
 
         config = Path(path) / "config.json"
@@ -320,8 +256,7 @@ class ModelFolder:
             keys = frozenset(json.loads(config.read_text(encoding="utf-8")))
         except (OSError, ValueError) as exc:
             error = f"cannot read {config}: {exc}"
-        engram = Path(path) / ENGRAM_SIDECAR
-        return cls(Path(path), sidecars(path), keys, error, engram if engram.is_file() else None)
+        return cls(Path(path), sidecars(path), keys, error, engram_map_of(path))
 
 
 def sidecar_args(folder: ModelFolder, device: str, draft_flag: object, mmproj_flag: object) -> list[str]:
