@@ -182,6 +182,27 @@ def test_build_plan_converts_a_gguf(bf16_gguf: Path, tmp_path: Path, monkeypatch
         build_plan(["--model", str(bf16_gguf), "--device", "cpu", "--draft-model", str(tmp_path / "nope.gguf")])
 
 
+def test_build_plan_opens_the_gguf_once(bf16_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`winport serve` opens the GGUF once, whether its small folder is written or found in the cache
+    (each SGLang scheduler opens it once more, in winport.gguf.direct.weights)."""
+    from winport.gguf import reader
+    from winport.serve.command import build_plan
+
+    opened: list[str] = []
+    real_init = reader.GGUFFile.__init__
+
+    def counting_init(self: Any, path: Any, *args: Any, **kwargs: Any) -> None:
+        opened.append(str(path))
+        real_init(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(reader.GGUFFile, "__init__", counting_init)
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path / "cache"))
+    for _ in ("written", "cached"):
+        opened.clear()
+        build_plan(["--model", str(bf16_gguf), "--device", "cpu"])
+        assert opened == [str(bf16_gguf)]
+
+
 # --- live: both servers, one after the other ---------------------------------------------------
 
 
