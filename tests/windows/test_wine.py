@@ -460,10 +460,16 @@ def test_demo_server_answers_a_chat_completion(windows_python: wine_harness.Prov
         tail = wine_harness.strip_wine_noise("".join(output))[-4000:]
         assert models is not None, f"server never answered /v1/models (exit {proc.poll()}):\n{tail}"
         model_id = models["data"][0]["id"]  # type: ignore[index]
-        reply = _request(f"{base}/v1/chat/completions", {
-            "model": model_id, "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": 8, "temperature": 0,
-        }, timeout=300)
+        try:
+            reply = _request(f"{base}/v1/chat/completions", {
+                "model": model_id, "messages": [{"role": "user", "content": "Hello"}],
+                "max_tokens": 8, "temperature": 0,
+            }, timeout=300)
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            # The server's own words say why (a CI run of 2026-12-02 saw only "Remote end closed").
+            time.sleep(5)
+            tail = wine_harness.strip_wine_noise("".join(output))[-6000:]
+            raise AssertionError(f"chat completion failed ({exc!r}; server exit {proc.poll()}):\n{tail}") from exc
         message = reply["choices"][0]["message"]  # type: ignore[index]
         assert isinstance(message["content"], str) and message["role"] == "assistant"
         assert reply["usage"]["completion_tokens"] >= 1  # type: ignore[index]
