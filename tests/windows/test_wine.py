@@ -180,11 +180,15 @@ def test_install_ps1_probe_refuses_the_embeddable_python(windows_python: wine_ha
 
 
 @pytest.mark.wine
+@pytest.mark.slow
 def test_sglang_imports_on_windows(windows_python: wine_harness.Provisioned) -> None:
     """SGLang (repacked pure-Python, as installed on Windows) imports what the server needs.
 
     The two Windows import failures this tier found (mmap.PROT_*, zmq.MAX_SOCKETS) are fixed by
-    winport/platform/windows_compat.py, applied at interpreter start.
+    winport/platform/windows_compat.py, applied at interpreter start. Slow tier (about 75-190 s): in
+    every CI run test_demo_server_answers_a_chat_completion imports these modules under Windows
+    CPython too (its launcher and scheduler serve through them); this test names the module that
+    fails, for when that one does.
     """
     # faulthandler dumps every thread's stack if the import hangs (see _run_watched); os._exit skips
     # interpreter teardown, which is not what this test is about.

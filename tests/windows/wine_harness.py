@@ -68,6 +68,11 @@ WINE_WORKAROUNDS: dict[str, str] = {
     "msvc runtime DLLs": "vcruntime140_threads.dll and msvcp140_atomic_wait.dll (from the PyPI "
                          "msvc-runtime wheel) are missing from Wine 8 and torch imports them",
     "KMP_AFFINITY=disabled": "torch's libiomp5md calls GetNumaNodeProcessorMaskEx, unimplemented",
+    "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16": "on a host with AMX (Sapphire Rapids), Windows torch's oneDNN runs "
+                                           "bf16 matmuls on AMX tiles, which Linux grants a process only "
+                                           "on request (arch_prctl ARCH_REQ_XCOMP_PERM); Wine does not ask, "
+                                           "so the first F.linear in bf16 died of an illegal instruction "
+                                           "(0xc000001d, 2026-12-02). Real Windows enables AMX itself",
     "bcryptprimitives.dll stub": "Rust >= 1.78 extensions import ProcessPrng from it; Wine 8 lacks "
                                  "the DLL (tests/windows/wine_stubs/bcryptprimitives.c)",
     "WINEDLLOVERRIDES=mscoree,mshtml=": "keeps wineboot from looking for Mono and Gecko (no network)",
@@ -151,6 +156,7 @@ def wine_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
         "WINEDEBUG": "-all",
         "WINEDLLOVERRIDES": "mscoree,mshtml=;winedbg.exe=d",  # WINE_WORKAROUNDS: both entries
         "KMP_AFFINITY": "disabled",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",  # WINE_WORKAROUNDS: AMX tiles
         "PYTHONUTF8": "1",
     })
     env.pop("DISPLAY", None)  # no window may open (wineboot dialogs)
