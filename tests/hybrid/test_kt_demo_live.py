@@ -7,7 +7,7 @@ fp32 sums and round the same intermediates to bf16 (gate, up, activation, each e
 tests/hybrid/test_kt_moe_layer.py), so the two differ only in rounding order, far below the
 served-vs-transformers noise the live server test allows (median 0.1 nat, 80% of positions under
 0.3 nat); those bounds are used here unchanged, printing what is measured. The greedy verdict is
-tests/serve/_greedy_judge.py's: the kt server's 32-token continuations judged by the torch
+tests/serve/_greedy_judge.py's: the kt server's 32-token continuations of two prompts judged by the torch
 server's prefill, with the bar widened to the kt server's own decode-vs-prefill spread; the same
 continuations shifted by one must fail it.
 """
@@ -75,7 +75,9 @@ def test_greedy_tokens_agree_with_the_torch_path(servers: tuple[Server, Server])
     kt, ref = servers
     tok = AutoTokenizer.from_pretrained(str(REPO_ROOT / ".cache" / "winport-test" / "demo-v4"))
     judged, own, controls = [], [], []
-    for text in GREEDY_PROMPTS:
+    # Two of the three prompts (64 judged steps): the two servers share CI's 2 cores, and the third
+    # prompt cost about 50 s there; the live server test judges all three against transformers.
+    for text in GREEDY_PROMPTS[:2]:
         ids = [0, *tok.encode(text)]
         tokens = generate(kt, {"input_ids": ids, "sampling_params": {
             "max_new_tokens": GREEDY_TOKENS, "temperature": 0, "ignore_eos": True}})["output_ids"]
