@@ -26,6 +26,11 @@ torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(
     L2_cache_size=60 * 2**20)
 """
 
+# The environment a fresh interpreter gets to run SGLang on winport's platform as `winport serve` would
+# (Windows emulation, the platform on, and the two switches SGLang reads before the platform starts).
+SGLANG_ON_WINPORT_ENV = {"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_PLATFORM": "on", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
+                         "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
+
 
 def run_python(code: str, *, env: dict[str, str] | None = None, cwd: Path | None = None,
                timeout: float = 300) -> subprocess.CompletedProcess[str]:

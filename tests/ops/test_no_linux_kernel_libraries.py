@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from tests.helpers import FAKE_SM90_CUDA, REPO_ROOT, run_python
+from tests.helpers import FAKE_SM90_CUDA, REPO_ROOT, SGLANG_ON_WINPORT_ENV, run_python
 from winport import linux_only
 
 # The kernel libraries winport shims (uvloop, the other shimmed package, is no kernel library).
@@ -55,8 +55,7 @@ print("RESULT " + json.dumps({"modules": mods, "jit": jit_calls}))
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_dsv4_path_uses_only_winport_shims(device: str) -> None:
     code = (FAKE_SM90_CUDA if device == "cuda" else "") + _PROBE % (LIBRARIES,)
-    env = {"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_PLATFORM": "on", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-           "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
+    env = SGLANG_ON_WINPORT_ENV
     proc = run_python(code, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))

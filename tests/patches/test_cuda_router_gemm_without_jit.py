@@ -9,7 +9,7 @@ what the full-width proxy serves on the H200 (scripts/gpu/proxy_check.py).
 
 from __future__ import annotations
 
-from tests.helpers import FAKE_SM90_CUDA, run_python
+from tests.helpers import FAKE_SM90_CUDA, SGLANG_ON_WINPORT_ENV, run_python
 
 
 def test_the_router_gemm_falls_to_cublas() -> None:
@@ -22,8 +22,7 @@ def test_the_router_gemm_falls_to_cublas() -> None:
         "p.register_patch(); p.apply()\n"
         "print('after', rows(**shape), rows(num_experts=256, hidden_size=7168, weight_dtype=torch.bfloat16))\n"
     )
-    proc = run_python(code, env={"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_PLATFORM": "on", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-                                 "SGLANG_IS_FLASHINFER_AVAILABLE": "false"})
+    proc = run_python(code, env=SGLANG_ON_WINPORT_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after = proc.stdout.strip().splitlines()[-2:]
     # Upstream picks the tiny GEMM here: the check must see that first.

@@ -9,7 +9,7 @@ applying twice changes nothing. The plain paths themselves are what the CPU serv
 
 from __future__ import annotations
 
-from tests.helpers import FAKE_SM90_CUDA, run_python
+from tests.helpers import FAKE_SM90_CUDA, SGLANG_ON_WINPORT_ENV, run_python
 
 
 def test_the_three_jit_choices_fall_to_the_plain_paths() -> None:
@@ -27,8 +27,7 @@ def test_the_three_jit_choices_fall_to_the_plain_paths() -> None:
         "print('rest', seen.is_cuda == real.is_cuda and seen.is_cuda, not hasattr(sc.get_platform.__wrapped__, '__wrapped__'))\n"
     )
     # As `winport serve` runs SGLang on CUDA (winport/serve/command.py), like test_no_linux_kernel_libraries.
-    proc = run_python(code, env={"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_PLATFORM": "on", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-                                 "SGLANG_IS_FLASHINFER_AVAILABLE": "false"})
+    proc = run_python(code, env=SGLANG_ON_WINPORT_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, after, rest = proc.stdout.strip().splitlines()[-3:]
     # Upstream picks DeepSelect and the paged SM90 route here: the check must see that first.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FAKE_SM90_CUDA, run_python
+from tests.helpers import FAKE_SM90_CUDA, SGLANG_ON_WINPORT_ENV, run_python
 
 RESOLVE = """
 import json, os, sys
@@ -37,8 +37,7 @@ for env, argv in json.loads(sys.argv[1]):
     out.append(r)
 print("RESULT " + json.dumps(out))
 """
-BASE_ENV = {"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_PLATFORM": "on", "SGLANG_ENABLE_JIT_DEEPGEMM": "0",
-            "SGLANG_IS_FLASHINFER_AVAILABLE": "false"}
+BASE_ENV = SGLANG_ON_WINPORT_ENV
 
 
 @pytest.fixture(scope="module")

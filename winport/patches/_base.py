@@ -60,3 +60,9 @@ def register(target: str, hook: Callable[..., Any], kind: str = "AROUND") -> Non
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(target, hook, HookType[kind])
+
+
+def never_supported(*args: Any, **kwargs: Any) -> bool:
+    """Stands in for an SGLang capability check of a CUDA JIT kernel (nvcc is not there on Windows):
+    never supported, so the caller takes its plain path."""
+    return False

@@ -16,17 +16,11 @@ The target's source is checked first; the patch fails loudly when upstream chang
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
-from winport.patches._base import UpstreamChangedError, require_source
+from winport.patches._base import UpstreamChangedError, never_supported, require_source
 
 TINY_GEMM = "sglang.kernels.ops.gemm.tiny_gemm"
 ROUTER_ROWS = "sglang.srt.models.deepseek_common.utils.tiny_router_gemm_max_tokens"
-
-
-def _unsupported(*args: Any, **kwargs: Any) -> bool:
-    """Stands in for SGLang's JIT tiny-GEMM capability check: never supported here."""
-    return False
 
 
 def apply() -> None:
@@ -34,7 +28,7 @@ def apply() -> None:
     tiny = importlib.import_module(TINY_GEMM)
     if not callable(getattr(tiny, "can_use_tiny_gemm", None)):
         raise UpstreamChangedError(f"{TINY_GEMM}.can_use_tiny_gemm is gone")
-    tiny.can_use_tiny_gemm = _unsupported
+    tiny.can_use_tiny_gemm = never_supported
 
 
 def register_patch() -> None:

@@ -21,16 +21,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from winport.patches._base import UpstreamChangedError, require_source
+from winport.patches._base import UpstreamChangedError, never_supported, require_source
 
 FULL_TOPK = "sglang.srt.layers.attention.dsv4.v41_indexer.full_topk"
 SCORING = "sglang.srt.layers.attention.dsv4.v41_indexer.scoring"
 SMALL_GEMM = "sglang.kernels.ops.gemm.small_gemm_bf16"
-
-
-def _unsupported(*args: Any, **kwargs: Any) -> bool:
-    """Stands in for SGLang's JIT-kernel capability checks: never supported here."""
-    return False
 
 
 class _NotSM90:
@@ -58,7 +53,7 @@ def apply() -> None:
     full_topk = importlib.import_module(FULL_TOPK)
     if not callable(getattr(full_topk, "is_deep_select_supported", None)):
         raise UpstreamChangedError(f"{FULL_TOPK} no longer binds is_deep_select_supported")
-    full_topk.is_deep_select_supported = _unsupported
+    full_topk.is_deep_select_supported = never_supported
     scoring = importlib.import_module(SCORING)
     original = getattr(scoring.get_platform, "__wrapped__", scoring.get_platform)
     scoring.get_platform = _platform_without_sm90(original)
@@ -66,7 +61,7 @@ def apply() -> None:
     for name in ("can_use_n128k512_gemm", "can_use_n32k5120_gemm"):
         if not callable(getattr(small_gemm, name, None)):
             raise UpstreamChangedError(f"{SMALL_GEMM}.{name} is gone")
-        setattr(small_gemm, name, _unsupported)
+        setattr(small_gemm, name, never_supported)
 
 
 def register_patch() -> None:
