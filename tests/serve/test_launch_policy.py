@@ -32,8 +32,10 @@ for env, argv in json.loads(sys.argv[1]):
     graphs = resolution_result(sa, "cuda_graph_config")
     r["graphs"] = [str(graphs.decode.backend), str(graphs.prefill.backend)] if graphs is not None else None
     r["engram_env"] = os.environ.get("WINPORT_ENGRAM_GGUF")
-    for k in env:
-        del os.environ[k]
+    r["kt_env"] = [os.environ.get("WINPORT_KT_MOE"), os.environ.get("KT_FORCE_SYNC_SUBMIT")]
+    r["kt_pools"] = resolution_result(sa, "kt_threadpool_count")
+    for k in {*env, "WINPORT_KT_MOE", "KT_FORCE_SYNC_SUBMIT", "WINPORT_ENGRAM_GGUF"}:
+        os.environ.pop(k, None)
     out.append(r)
 print("RESULT " + json.dumps(out))
 """
@@ -71,15 +73,25 @@ def test_cpu_defaults_and_the_users_flags_win(folder: Path) -> None:
     assert plain["disable_custom_all_reduce"] is False and plain["disable_cuda_graph"] is False
     assert (own["max_total_tokens"], own["swa_full_tokens_ratio"]) == (999, 0.7)
     assert tp2["disable_custom_all_reduce"] is True
+    # kt-kernel serves the experts of a CPU-only server at --tp 1 (its synchronous path), as in winport serve.
+    from winport.hybrid.settings import numa_nodes
+
+    assert plain["kt_env"] == ["1", "1"] and plain["kt_pools"] == numa_nodes()
+    assert tp2["kt_env"] == [None, None]
 
 
 def test_cuda_defaults_follow_the_switches(folder: Path) -> None:
-    plain, eager, mxfp4, own = _resolve([
+    plain, eager, mxfp4, own, hybrid, kt_off = _resolve([
         ({}, _argv(folder, "cuda")),
         ({"WINPORT_CUDA_GRAPH": "0"}, _argv(folder, "cuda")),
         ({"WINPORT_GPU_MXFP4_MOE": "1"}, _argv(folder, "cuda")),
         ({"WINPORT_GPU_MXFP4_MOE": "1"}, _argv(folder, "cuda", "--moe-runner-backend", "marlin")),
+        ({}, _argv(folder, "cuda", "--kt-num-gpu-experts", "4")),
+        ({"WINPORT_KT_MOE": "0"}, _argv(folder, "cuda", "--kt-num-gpu-experts", "4")),
     ], cuda=True)
+    # kt-kernel on CUDA only when a GPU expert count is given (what `--gpu-experts N` becomes), stream path.
+    assert plain["kt_env"] == [None, None] and hybrid["kt_env"] == ["1", None]
+    assert kt_off["kt_env"] == ["0", None]
     # Nothing of the CPU's: the GPU's KV pool is SGLang's own sizing.
     assert plain["max_total_tokens"] is None and plain["skip_server_warmup"] is False
     assert plain["disable_cuda_graph"] is False and plain["graphs"][0].endswith("full")

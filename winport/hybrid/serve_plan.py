@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from winport import envs
-from winport.hybrid.settings import ENV_ENABLE, default_cpu_threads, numa_nodes
+from winport.hybrid.settings import ENV_ENABLE, default_cpu_threads, kt_off_reason, numa_nodes
 
 
 @dataclass
@@ -36,12 +36,13 @@ def expert_plan(device: str, tp: int, gpu_experts: int | None, cpu_threads: int 
         raise ValueError(f"--gpu-experts {gpu_experts}: the server runs on the CPU (no CUDA GPU)")
     fallback = ("the torch W4A16 reference (winport.patches.cpu_mxfp4_moe)" if device == "cpu"
                 else "the GPU (all experts resident)")
-    if envs.WINPORT_KT_MOE.is_set() and not envs.WINPORT_KT_MOE.get():
+    off = kt_off_reason(device, tp, gpu_experts)
+    if off == "env":
         return ExpertPlan(line=f"routed experts run in {fallback}: {ENV_ENABLE}=0")
-    if device != "cpu" and gpu_experts is None:
+    if off == "no-count":
         return ExpertPlan(line=f"routed experts run in {fallback}; --gpu-experts N keeps N a layer there and "
                                "runs the rest in kt-kernel on the CPU")
-    if tp > 1:
+    if off == "tp":
         return ExpertPlan(line=f"routed experts run in {fallback}: kt-kernel serves one process's experts, "
                                f"not --tp {tp}")
     error = _kt_error()

@@ -55,6 +55,19 @@ def numa_nodes() -> int:
     return max(1, len(nodes))
 
 
+def kt_off_reason(device: str, tp: int, gpu_experts: int | None) -> str | None:
+    """Why kt-kernel does not serve the routed experts, or None when it does: always on a CPU-only
+    server at tp 1, on CUDA when a GPU expert count is given (`--gpu-experts N`, SGLang's
+    --kt-num-gpu-experts); WINPORT_KT_MOE=0 keeps them off. The reasons: "env", "no-count", "tp"."""
+    if envs.WINPORT_KT_MOE.is_set() and not envs.WINPORT_KT_MOE.get():
+        return "env"
+    if device != "cpu" and gpu_experts is None:
+        return "no-count"
+    if tp > 1:
+        return "tp"
+    return None
+
+
 def default_cpu_threads(cuda: bool = False) -> int:
     """Physical cores minus one (kt-kernel's polling task thread), minus one more with CUDA (the
     launching thread; module docstring), at least 1."""

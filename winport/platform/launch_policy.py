@@ -159,6 +159,28 @@ def _graphs_off(cfg: Any) -> None:
     cfg.cuda_graph_config = config
 
 
+def _kt_defaults(cfg: Any, device: str) -> list[str]:
+    """kt-kernel's routed experts where `winport serve` would run them (winport.hybrid.settings.kt_off_reason:
+    a CPU-only server, or CUDA with --kt-num-gpu-experts N), with one pool per NUMA node."""
+    from sglang.srt.server_args import ServerArgs
+
+    from winport.hybrid.settings import ENV_ENABLE, kt_off_reason, numa_nodes
+
+    if kt_off_reason(device, _tp(cfg), cfg.kt_num_gpu_experts) is not None:
+        return []
+    # Read in the scheduler processes started next (winport.patches.kt_hybrid_moe).
+    envs.set_default(envs.WINPORT_KT_MOE, "1")
+    if device == "cpu":
+        # kt-kernel's only path that computes on CPU tensors (winport.hybrid.kt_experts).
+        envs.set_default(envs.KT_FORCE_SYNC_SUBMIT, "1")
+    lines = [f"{ENV_ENABLE}=1: the routed experts run in kt-kernel"]
+    if cfg.kt_threadpool_count == _sglang_default(ServerArgs, "kt_threadpool_count"):
+        # SGLang's default is 2 pools; winport's is one per NUMA node, as `winport serve` passes.
+        cfg.kt_threadpool_count = numa_nodes()
+        lines.append(f"kt_threadpool_count={cfg.kt_threadpool_count}: one kt-kernel pool per NUMA node")
+    return lines
+
+
 def apply_server_defaults(cfg: Any, device: str) -> list[str]:
     """Assign winport's defaults to `cfg` (SGLang's server arguments, or the recorder its platform
     hook hands over); return one line per field set, also logged."""
@@ -168,6 +190,7 @@ def apply_server_defaults(cfg: Any, device: str) -> list[str]:
         if d.field == "disable_cuda_graph":
             _graphs_off(cfg)
         lines.append(f"{d.field}={d.value!r}: {d.why}")
+    lines += _kt_defaults(cfg, device)
     engram = engram_map_of(cfg.model_path)
     if engram is not None:
         # Read by winport.patches.engram_rows_from_gguf in the scheduler processes started next.
