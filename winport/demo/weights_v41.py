@@ -121,9 +121,16 @@ def _norm(name: str, dim: int, seed: int) -> torch.Tensor:
     return (1.0 + 0.1 * torch.randn(dim, generator=g)).to(torch.bfloat16)
 
 
-def v41_only_tensors(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
-    """The tensors V4.1 adds to V4 (compressors/indexers of ratio-1/2 layers, engram)."""
-    out: dict[str, torch.Tensor] = {}
+# Roles of the tensors V4.1 adds (how v41_only_tensors draws them): "linear" [out, in] bf16,
+# "norm" [dim] bf16, "mix" the engram's per-stream q/k weights [hc_mult, hidden] bf16, "rows" an
+# engram table [rows, dim] (FP8 e4m3 + E8M0 [rows, dim / 32] after quantize_engram_rows).
+V41_ROLES = ("linear", "norm", "mix", "rows")
+
+
+def v41_only_shapes(config: dict[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Names, shapes and roles (V41_ROLES) of the tensors V4.1 adds to V4 (compressors/indexers of
+    ratio-1/2 layers, engram), from the config alone: what the demo writes and a plan counts."""
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
     hidden, head_dim = config["hidden_size"], config["head_dim"]
     ratios = config["compress_ratios"]
     kv_src, idx_src = set(config["kv_source_layer_ids"]), set(config["index_source_layer_ids"])
@@ -132,32 +139,46 @@ def v41_only_tensors(config: dict[str, Any], seed: int = 0) -> dict[str, torch.T
             raise ValueError(f"config: source layer {layer} has compress ratio {ratios[layer]}, not 1 or 2")
     for layer in sorted(kv_src):
         p = f"layers.{layer}.attn.compressor"
-        out[f"{p}.wkv.weight"] = _linear(f"{p}.wkv.weight", (head_dim, hidden), seed)
+        out[f"{p}.wkv.weight"] = ((head_dim, hidden), "linear")
         if ratios[layer] == 2:
-            out[f"{p}.wgate.weight"] = _linear(f"{p}.wgate.weight", (head_dim, hidden), seed)
-        out[f"{p}.norm.weight"] = _norm(f"{p}.norm.weight", head_dim, seed)
+            out[f"{p}.wgate.weight"] = ((head_dim, hidden), "linear")
+        out[f"{p}.norm.weight"] = ((head_dim,), "norm")
     n_idx, d_idx = config["index_n_heads"], config["index_head_dim"]
     for layer in sorted(idx_src):
         p = f"layers.{layer}.attn.indexer"
-        out[f"{p}.wq_b.weight"] = _linear(f"{p}.wq_b.weight", (n_idx * d_idx, config["q_lora_rank"]), seed)
-        out[f"{p}.weights_proj.weight"] = _linear(f"{p}.weights_proj.weight", (n_idx, hidden), seed)
+        out[f"{p}.wq_b.weight"] = ((n_idx * d_idx, config["q_lora_rank"]), "linear")
+        out[f"{p}.weights_proj.weight"] = ((n_idx, hidden), "linear")
         if layer in kv_src:
-            out[f"{p}.wk.weight"] = _linear(f"{p}.wk.weight", (d_idx, head_dim), seed)
-            out[f"{p}.k_norm.weight"] = _norm(f"{p}.k_norm.weight", d_idx, seed)
+            out[f"{p}.wk.weight"] = ((d_idx, head_dim), "linear")
+            out[f"{p}.k_norm.weight"] = ((d_idx,), "norm")
     hc = config["hc_mult"]
     dim = config["engram_head_dim"]
     n_cols = (config["engram_max_ngram_size"] - 1) * config["engram_n_heads"]
     for layer, rows in zip(config["engram_layer_ids"], config["engram_num_embeddings"], strict=True):
         p = f"layers.{layer}.engram"
-        g = _generator(f"{p}.embed", seed)
-        # Rows with a spread of magnitudes (per-row scale 2^-2..2^2), so the E8M0 scales differ.
-        raw = torch.randn(rows, dim, generator=g) * torch.exp2(torch.randint(-2, 3, (rows, 1), generator=g).float())
-        out[f"{p}.embed.weight"], out[f"{p}.embed.scale"] = quantize_engram_rows(raw)
-        out[f"{p}.wkv.weight"] = _linear(f"{p}.wkv.weight", ((hc + 1) * hidden, n_cols * dim), seed)
-        out[f"{p}.q_weight"] = (1.0 + 0.1 * torch.randn(hc, hidden, generator=_generator(f"{p}.q_weight", seed))
-                                ).to(torch.bfloat16)
-        out[f"{p}.k_weight"] = (1.0 + 0.1 * torch.randn(hc, hidden, generator=_generator(f"{p}.k_weight", seed))
-                                ).to(torch.bfloat16)
+        out[f"{p}.embed.weight"] = ((rows, dim), "rows")
+        out[f"{p}.wkv.weight"] = (((hc + 1) * hidden, n_cols * dim), "linear")
+        out[f"{p}.q_weight"] = ((hc, hidden), "mix")
+        out[f"{p}.k_weight"] = ((hc, hidden), "mix")
+    return out
+
+
+def v41_only_tensors(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
+    """The tensors V4.1 adds to V4 (v41_only_shapes), drawn by role from generators seeded by name."""
+    out: dict[str, torch.Tensor] = {}
+    for name, (shape, role) in v41_only_shapes(config).items():
+        if role == "linear":
+            out[name] = _linear(name, shape, seed)
+        elif role == "norm":
+            out[name] = _norm(name, shape[0], seed)
+        elif role == "mix":
+            out[name] = (1.0 + 0.1 * torch.randn(shape, generator=_generator(name, seed))).to(torch.bfloat16)
+        else:
+            rows, dim = shape
+            g = _generator(name[: -len(".weight")], seed)
+            # Rows with a spread of magnitudes (per-row scale 2^-2..2^2), so the E8M0 scales differ.
+            raw = torch.randn(rows, dim, generator=g) * torch.exp2(torch.randint(-2, 3, (rows, 1), generator=g).float())
+            out[name], out[name[: -len("weight")] + "scale"] = quantize_engram_rows(raw)
     return out
 
 
@@ -175,4 +196,5 @@ def demo_state_dict_v41(config: dict[str, Any], seed: int = 0) -> dict[str, torc
     return dict(sorted(out.items()))
 
 
-__all__ = ["demo_state_dict_v41", "dspark_tensors", "quantize_engram_rows", "v41_only_tensors", "v4_base_config"]
+__all__ = ["demo_state_dict_v41", "dspark_tensors", "quantize_engram_rows", "v41_only_shapes", "v41_only_tensors",
+           "v4_base_config"]
