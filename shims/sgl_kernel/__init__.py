@@ -49,5 +49,6 @@ from shims.sgl_kernel._ops import (  # noqa: F401  (re-exported upstream names)
 )
 from shims.sgl_kernel.dsv4_xpu import *  # noqa: F401,F403  (the DeepSeek-V4 XPU-route functions)
 from shims.sgl_kernel.flash_mla import flash_mla_sparse_fwd, flash_mla_with_kvcache  # noqa: F401
+from shims.sgl_kernel.memory import weak_ref_tensor  # noqa: F401
 
 __getattr__ = missing_getattr("sgl_kernel", "sglang-kernel (sgl_kernel)")
