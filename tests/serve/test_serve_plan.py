@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from winport.serve import command
-from winport.serve.memory import GIB, VramError, plan_vram
 
 
 @pytest.fixture
@@ -85,29 +82,6 @@ def test_broken_gguf_model_is_named_in_the_error(cpu_only: None, tmp_path, monke
 def test_main_reports_errors_with_exit_code_2(cpu_only: None, capsys) -> None:
     assert command.main(["--model", "/nonexistent"]) == 2
     assert "winport serve: --model /nonexistent: no such file or folder" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("budget", "total_gib", "fraction"), [(80, 96, 80 / 96), (24, 32, 24 / 32), (1, 8, 1 / 8)])
-def test_vram_budget_becomes_a_fraction(budget: float, total_gib: float, fraction: float) -> None:
-    plan = plan_vram(budget, int(total_gib * GIB))
-    assert math.isclose(plan.mem_fraction_static, fraction)
-    assert f"--vram-gib {budget:g}" in plan.describe()
-
-
-@pytest.mark.parametrize(
-    ("budget", "total_gib", "message"),
-    [
-        (0, 32, "positive"),
-        (-4, 32, "positive"),
-        (float("nan"), 32, "positive"),
-        (0.5, 32, "below the 1 GiB"),
-        (31, 32, "it has 32.0 GiB, of which 30.5 GiB are usable"),
-        (200, 96, "more than this GPU can give"),
-    ],
-)
-def test_impossible_vram_budget_names_the_numbers(budget: float, total_gib: float, message: str) -> None:
-    with pytest.raises(VramError, match=message):
-        plan_vram(budget, int(total_gib * GIB))
 
 
 def test_cpu_tensor_parallel_gets_a_thread_binding(cpu_only: None, tmp_path, monkeypatch) -> None:

@@ -30,8 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
     ap.add_argument("--api-key", default=None, help="require this key as 'Authorization: Bearer <key>'")
     ap.add_argument("--vram-gib", type=float, default=None,
-                    help="cap on the GPU memory the server takes, in GiB (translated into SGLang's static "
-                         "memory fraction from the card's total; expert placement by budget is not built yet)")
+                    help="GPU memory the server may take, in GiB: the plan (`winport plan`) fits the dense weights, "
+                         "KV cache, activations and graphs in it and fills the rest with routed experts, the others "
+                         "running in kt-kernel on the CPU; printed at start and checked against what SGLang holds")
     ap.add_argument("--context-length", type=int, default=None, help="maximum context length in tokens")
     ap.add_argument("--draft-model", type=Path, default=None,
                     help="DSpark draft GGUF (default: found next to the model); bundled into the converted "

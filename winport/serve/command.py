@@ -9,6 +9,7 @@ groups or SIGKILL, so the tree is walked with psutil, which works the same on bo
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -25,7 +26,6 @@ from typing import Any
 from winport import envs
 from winport.platform.launch_policy import engram_map_of, sglang_switches
 from winport.serve.args import build_parser
-from winport.serve.memory import VramError, VramPlan, plan_vram
 
 READY_TIMEOUT_S: float = envs.WINPORT_READY_TIMEOUT.get()
 
@@ -42,7 +42,7 @@ class LaunchPlan:
     device: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
-    vram: VramPlan | None = None
+    placement: Any = None  # winport.placement.budget.Plan when --vram-gib places the experts
     api_key: str | None = None  # what the readiness probe sends; SGLang gets it through argv
 
     @property
@@ -171,7 +171,6 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     sg += sidecar_args(folder, device, args.draft_model, args.mmproj)
     if args.speculative_algorithm and "--speculative-algorithm" not in sg:
         sg += dspark_args(folder)
-    vram = None
     if device == "cpu" and args.vram_gib is not None:
         raise ServeError("--vram-gib caps GPU memory, but the server runs on the CPU (no CUDA GPU)")
     # Device defaults (KV pool size on CPU, CUDA graphs, the MoE runner, custom all-reduce) are the
@@ -179,12 +178,16 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     if device != "cpu" and engram_mapped and envs.WINPORT_CUDA_GRAPH.get():
         print("winport serve: engram tables are read from the GGUF's memory map on the host: CUDA graphs "
               "are off for this model", flush=True)
+    gpu_experts = args.gpu_experts
+    placement = None
     if device != "cpu" and args.vram_gib is not None:
-        import torch
-
-        total = torch.cuda.get_device_properties(0).total_memory
-        vram = plan_vram(args.vram_gib, total)
-        sg += ["--mem-fraction-static", f"{vram.mem_fraction_static:.4f}"]
+        placement = place_experts(folder, args, "--speculative-algorithm" in sg)
+        print(f"winport serve: {placement.describe()}".replace("\n", "\nwinport serve: "), flush=True)
+        if placement.slots < placement.inputs.sizes.experts_per_layer:
+            gpu_experts = placement.slots
+        # SGLang sizes its KV pools from the fraction (weights + KV over the free memory), which
+        # the plan's KV line is; activations and graphs take the rest of the budget.
+        sg += ["--mem-fraction-static", f"{placement.mem_fraction_static:.5f}"]
     if args.api_key:
         sg += ["--api-key", args.api_key]
     if args.context_length:
@@ -207,7 +210,7 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     from winport.hybrid.serve_plan import expert_plan
 
     try:
-        experts = expert_plan(device, args.tp, args.gpu_experts, None)
+        experts = expert_plan(device, args.tp, gpu_experts, None)
     except ValueError as exc:
         raise ServeError(str(exc)) from None
     print(f"winport serve: {experts.line}", flush=True)
@@ -216,7 +219,27 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     # Last, so that a flag given after `--` wins over winport's choice of the same flag (argparse
     # keeps the last occurrence).
     sg += sglang_extra
-    return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, vram=vram, api_key=args.api_key)
+    return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, placement=placement,
+                      api_key=args.api_key)
+
+
+def place_experts(folder: ModelFolder, args: Any, with_draft: bool) -> Any:
+    """The --vram-gib plan (winport.placement) for the folder SGLang loads on this machine's GPU."""
+    from winport.placement.budget import PlanError
+    from winport.placement.cli import card, host_ram, plan_for
+    from winport.placement.source import SourceError, folder_source
+
+    found = card()
+    if found is None:
+        raise ServeError("--vram-gib: torch sees no CUDA GPU")
+    try:
+        source = folder_source(folder.path)
+        if not with_draft:
+            source = dataclasses.replace(source, draft_bytes=0)
+        return plan_for(source, vram_gib=args.vram_gib, context_length=args.context_length,
+                        gpu_experts=args.gpu_experts, card_bytes=found[0], card_name=found[1], host_bytes=host_ram())
+    except (PlanError, SourceError) as exc:
+        raise ServeError(str(exc)) from None
 
 
 # Why SGLang 0.5.23 cannot use a sidecar here (the file is still checked and converted).
@@ -325,6 +348,37 @@ def _health(url: str, api_key: str | None) -> bool:
         return False
 
 
+def report_memory(plan: LaunchPlan, pid: int) -> None:
+    """Print what SGLang holds on the GPU (its /server_info memory_usage, and the driver's count for
+    the server's processes) next to the --vram-gib plan."""
+    import json
+
+    import psutil
+
+    from winport.placement.actual import compare, cuda_held_bytes
+    from winport.placement.budget import gib
+
+    req = urllib.request.Request(plan.url + "/server_info")
+    if plan.api_key:
+        req.add_header("Authorization", f"Bearer {plan.api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            info = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        print(f"winport serve: could not read what the GPU holds from {plan.url}/server_info ({exc})", flush=True)
+        return
+    for line in compare(plan.placement, info):
+        print(f"winport serve: {line}", flush=True)
+    try:
+        pids = [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return
+    held = cuda_held_bytes(pids)
+    if held is not None:
+        print(f"winport serve: the server's processes hold {gib(held)} of the GPU (nvidia-smi), budget "
+              f"{gib(plan.placement.budget)}", flush=True)
+
+
 def stop_tree(proc: subprocess.Popen[bytes], grace_s: float = 10.0) -> list[int]:
     """Terminate proc and every descendant; kill what is still alive after grace_s. Returns the pids."""
     import psutil
@@ -414,8 +468,6 @@ def run(plan: LaunchPlan) -> int:
     """Start the server, report progress and readiness, and stop the process tree on exit."""
     env = envs.child_environ(plan.env)
     print(f"winport serve: model {plan.model_path} on {plan.device}", flush=True)
-    if plan.vram:
-        print(f"winport serve: {plan.vram.describe()}", flush=True)
     # -X utf8 as well as PYTHONUTF8: the flag also holds where environment variables are ignored
     # (isolated interpreters) and multiprocessing passes it on to the processes SGLang spawns.
     cmd = [sys.executable, "-X", "utf8", "-m", "sglang.launch_server", *plan.argv]
@@ -451,6 +503,8 @@ def run(plan: LaunchPlan) -> int:
                     ready = True
                     print(f"winport serve: ready at {plan.url} (OpenAI API: {plan.url}/v1) after "
                           f"{time.monotonic() - start:.0f} s; Ctrl-C stops it", flush=True)
+                    if plan.placement is not None:
+                        report_memory(plan, proc.pid)
                 elif time.monotonic() - start > READY_TIMEOUT_S:
                     print(f"winport serve: not ready after {READY_TIMEOUT_S:.0f} s; stopping", file=sys.stderr)
                     return 1
@@ -468,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         plan = build_plan(argv)
-    except (ServeError, VramError) as exc:
+    except ServeError as exc:
         print(f"winport serve: {exc}", file=sys.stderr)
         return 2
     code = run(plan)

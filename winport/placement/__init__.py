@@ -1,0 +1,1 @@
+"""GPU budget -> where the routed experts live (`winport plan`, `winport serve --vram-gib N`)."""
