@@ -47,6 +47,43 @@ class SlotMap:
         self.slot_of.copy_(torch.tensor([*host, -1], dtype=torch.int32))
         self.mask.copy_(torch.tensor([s >= 0 for s in host], dtype=torch.bool))
 
+    def resident(self) -> list[int]:
+        """The expert in each slot (-1 for an empty one), slot 0 first."""
+        out = [-1] * self.num_slots
+        for e, slot in enumerate(self.host_slot_of):
+            if slot >= 0:
+                out[slot] = e
+        return out
+
+    def retire(self, slot: int) -> int:
+        """Hand slot `slot`'s expert back to the CPU (winport.hybrid.hot_experts); returns it, or -1.
+
+        kt-kernel's mask first (the CPU may serve it from now on), then the map, which a step
+        already enqueued on the stream still reads as before: that step's GPU side serves it.
+        """
+        old = self.resident()[slot]
+        if old >= 0:
+            self.mask[old] = False
+            self.host_slot_of[old] = -1
+            self.slot_of[old] = -1
+        return old
+
+    def admit(self, slot: int, expert: int) -> None:
+        """Map `expert` to the empty slot `slot`, whose weights the caller has finished copying.
+
+        The map first, then (once the stream has passed that write) kt-kernel's mask: a step still
+        in flight computes the expert on the CPU, as its ids say; no step reads the slot before.
+        """
+        if not 0 <= slot < self.num_slots or self.resident()[slot] >= 0:
+            raise ValueError(f"slot {slot} is not an empty slot of {self.num_slots}")
+        if self.host_slot_of[expert] >= 0:
+            raise ValueError(f"expert {expert} already sits in slot {self.host_slot_of[expert]}")
+        self.host_slot_of[expert] = slot
+        self.slot_of[expert] = slot
+        if self.slot_of.is_cuda:
+            torch.cuda.current_stream(self.slot_of.device).synchronize()
+        self.mask[expert] = True
+
     def split_(self, topk_ids: torch.Tensor) -> torch.Tensor:
         """Remap `topk_ids` in place to GPU slots (-1 where the CPU serves the expert) and return
         the CPU's ids: the logical id where the CPU serves it, -1 where the GPU does (int64).
