@@ -89,5 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         raise
     print(f"winport plan: {source.path} ({source.kind})")
     print(plan.describe())
-    print(f"`winport serve --model {source.path} --vram-gib {plan.budget / GIB:g}` serves it this way")
+    if source.kind != "config":
+        print(f"`winport serve --model {source.path} --vram-gib {plan.budget / GIB:g}` serves it this way")
     return 0
