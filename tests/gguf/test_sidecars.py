@@ -307,3 +307,30 @@ def test_bad_mmproj_is_named(model_dir: tuple[Path, dict, dict], tmp_path: Path,
     cut.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(GGUFError, match=str(cut).replace(".", r"\.")):
         gguf_to_checkpoint(_main(d), cache=tmp_path / "cache", mmproj=cut, progress=False)
+
+
+def test_serve_vram_plan_counts_the_draft_and_the_vision_tower(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """`--vram-gib` on a GGUF served with no copy: the plan reads the draft's and the mmproj's sizes from
+    their GGUF headers (winport.placement.source), as served: quantized tensors 1 byte a value (FP8),
+    float ones at their width; counted here with gguf-py's reader, not winport's."""
+    import gguf
+
+    from winport.placement import cli
+
+    d, _, _ = model_dir
+    monkeypatch.setattr(cli, "card", lambda: (96 * 2**30, "a pretended card"))
+    monkeypatch.setattr(cli, "host_ram", lambda: 512 * 2**30)
+    plan = _plan(["--model", str(_main(d)), "--device", "cuda", "--vram-gib", "40", "--context-length", "4096"],
+                 monkeypatch, tmp_path, cuda=True)
+
+    def served(path: Path) -> int:
+        width = {"F32": 4, "F16": 2, "BF16": 2}
+        return sum(int(np.prod(t.shape)) * width.get(t.tensor_type.name, 1) for t in gguf.GGUFReader(path).tensors)
+
+    lines = {what: size for what, size, _ in plan.placement.lines}
+    assert lines["draft"] == served(d / "DeepSeek-V4.1-Flash-DSpark-Q8_0.gguf") > 0
+    assert lines["vision tower"] == served(d / "mmproj-BF16.gguf") > 0
+    out = capsys.readouterr().out
+    assert "winport serve:   draft" in out and "winport serve:   vision tower" in out

@@ -169,7 +169,9 @@ def gib(n: float) -> str:
 
 def make_plan(inp: Inputs) -> Plan:
     """The plan for `inp`; PlanError when the budget cannot hold the model's GPU part."""
-    m, cfg = inp.sizes, inp.config
+    from winport.placement.model_bytes import with_defaults
+
+    m, cfg = inp.sizes, with_defaults(inp.config)
     card = inp.card_bytes
     if inp.vram_gib is not None and (not math.isfinite(inp.vram_gib) or inp.vram_gib <= 0):
         raise PlanError(f"--vram-gib must be a positive number of GiB, got {inp.vram_gib}")

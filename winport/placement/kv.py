@@ -38,8 +38,10 @@ def _index_fp4(head_dim: int) -> int:
 
 
 def owners_by_ratio(config: dict[str, Any]) -> dict[int, list[int]]:
-    """Layers owning compressed storage: every ratio-4/128 layer, the kv sources of ratio 1/2."""
-    ratios = list(config["compress_ratios"])[: config["num_hidden_layers"]]
+    """Layers owning compressed storage: every ratio-4/128 layer, the kv sources of ratio 1/2 (a config
+    without compress_ratios has none)."""
+    layers = int(config["num_hidden_layers"])
+    ratios = list(config.get("compress_ratios") or [0] * layers)[:layers]
     sources = config.get("kv_source_layer_ids") or []
     out: dict[int, list[int]] = {}
     for r in (4, 128, 1, 2):

@@ -48,6 +48,15 @@ def _blocks(rows: int, cols: int, block: tuple[int, int]) -> int:
     return math.ceil(rows / block[0]) * math.ceil(cols / block[1])
 
 
+def with_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with transformers' DeepseekV4Config defaults for the keys it leaves out (what the model
+    is built with when config.json omits them, e.g. a small GGUF's metadata)."""
+    from transformers import DeepseekV4Config
+
+    defaults = {k: v for k, v in DeepseekV4Config().to_dict().items() if k not in config}
+    return {**defaults, **config}
+
+
 def fp8_served_bytes(shape: tuple[int, ...], block: tuple[int, int]) -> int:
     """An FP8 block-quantized matrix [rows, cols] with its float32 block scales."""
     rows, cols = shape
