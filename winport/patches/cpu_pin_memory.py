@@ -35,6 +35,13 @@ def apply() -> bool:
 
     if _applied or torch.cuda.is_available():
         return _applied
+    # torch's device context (`with torch.device("meta")`) recognizes factories by identity, from a
+    # set it builds once (torch/utils/_device.py, _device_constructors, lru_cache): built after the
+    # wrappers, it would hold them, miss the originals the wrappers call, and a model built on the
+    # meta device would allocate for real. Fails loudly if torch moved it.
+    from torch.utils import _device
+
+    _device._device_constructors()
     for name in FACTORIES:
         original = getattr(torch, name)
         if not getattr(original, "_winport_unpinned", False):
