@@ -61,24 +61,22 @@ class PlanError(ValueError):
 def prefill_chunk(card_bytes: int) -> int:
     """SGLang 0.5.23's default chunked-prefill size for a card of this size
     (arg_groups/memory_hook.py handle_gpu_memory_settings)."""
-    mib = card_bytes / 2**20
-    if mib < 20 * 1024:
+    gib_ = card_bytes / GIB
+    if gib_ < 20:
         return 2048
-    if mib < 90 * 1024:
-        return 4096 if mib < 60 * 1024 else 8192
-    return 8192 if mib < 160 * 1024 else 16384
+    if gib_ < 60:
+        return 4096
+    return 8192 if gib_ < 160 else 16384
 
 
 def decode_graph_max_bs(card_bytes: int) -> int:
     """SGLang 0.5.23's default largest captured decode batch for a card of this size (tp < 4)."""
-    mib = card_bytes / 2**20
-    if mib < 20 * 1024:
+    gib_ = card_bytes / GIB
+    if gib_ < 20:
         return 8
-    if mib < 35 * 1024:
+    if gib_ < 35:
         return 48
-    if mib < 60 * 1024:
-        return 32
-    return 256
+    return 32 if gib_ < 60 else 256
 
 
 def activation_bytes(config: dict[str, Any], tokens: int) -> int:
