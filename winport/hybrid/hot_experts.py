@@ -37,15 +37,14 @@ class RouteCounts:
         self.decay = decay
         # One extra bin for the router's "no expert" id -1, dropped when read.
         self.counts = torch.zeros(num_experts + 1, dtype=torch.float32, device=device)
-        self._ones: torch.Tensor | None = None
 
     def update(self, topk_ids: torch.Tensor) -> None:
         """Fold one step's routed logical ids ([T, k], -1 = none) into the counts, in place."""
         ids = torch.remainder(topk_ids.reshape(-1).long(), self.num_experts + 1)
-        if self._ones is None or self._ones.shape[0] != ids.shape[0] or self._ones.device != ids.device:
-            self._ones = torch.ones(ids.shape[0], dtype=torch.float32, device=ids.device)
         self.counts.mul_(self.decay)
-        self.counts.index_add_(0, ids, self._ones)
+        # A fresh ones tensor each call, not a cached one: a tensor cached across the captures of
+        # several decode graphs would be freed into their shared pool and reused under them.
+        self.counts.index_add_(0, ids, torch.ones(ids.shape[0], dtype=torch.float32, device=ids.device))
 
     def read(self) -> list[float]:
         """The counts on the host (one device-to-host copy), expert 0 first."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 
+from winport.hybrid.hot_swap import HotLayer
 from winport.hybrid.kt_experts import KTExperts
 from winport.hybrid.slots import SlotMap
 
@@ -31,6 +32,7 @@ class HybridMoE:
         if slots.mask is not kt.mask:
             raise ValueError("the slot map must change kt-kernel's own mask tensor (in place)")
         self.kt, self.slots, self.gpu_experts = kt, slots, gpu_experts
+        self.hot: HotLayer | None = None  # set to let the slots follow the routes (winport.hybrid.hot_swap)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 routed_scaling_factor: float = 1.0, gpu_experts: GpuExperts | None = None) -> torch.Tensor:
@@ -39,7 +41,11 @@ class HybridMoE:
         run_gpu = gpu_experts or self.gpu_experts
         if self.slots.num_slots and run_gpu is None:
             raise ValueError(f"{self.slots.num_slots} GPU expert slots but no GPU-side expert method")
+        if self.hot is not None:
+            self.hot.observe_routes(topk_ids)
         cpu_ids = self.slots.split_(topk_ids)
+        if self.hot is not None:
+            self.hot.observe_split(topk_ids, cpu_ids)
         gpu_work = run_gpu is not None and self.slots.num_slots > 0
         cpu: torch.Tensor | None = None
         if gpu_work and self.slots.num_slots == self.slots.num_experts:
