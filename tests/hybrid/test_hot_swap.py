@@ -149,3 +149,32 @@ def test_an_expert_of_the_wrong_shape_is_refused(gen: torch.Generator) -> None:
         assert "w13" in str(err) and "slot 0" in str(err)
     else:
         raise AssertionError("a wrong-shaped expert was written")
+
+
+def test_experts_are_read_back_from_the_checkpoint(gen: torch.Generator, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """CheckpointExperts finds each expert's six tensors across shards and hands back their bytes;
+    a missing tensor is named."""
+    from safetensors.torch import save_file
+
+    from winport.hybrid.expert_source import CheckpointExperts, expert_names
+
+    ex = _experts(gen)
+    shards: list[dict[str, torch.Tensor]] = [{}, {}]
+    for e in range(E):
+        names = expert_names(3, e)
+        for proj in ("w1", "w3", "w2"):
+            shards[e % 2][names[proj]] = ex[proj][e].contiguous()
+            shards[e % 2][names[f"{proj}_scale"]] = ex[proj + "s"][e].contiguous()
+    save_file(shards[0], str(tmp_path / "a.safetensors"))
+    save_file(shards[1], str(tmp_path / "b.safetensors"))
+    read = CheckpointExperts(tmp_path, 3, E)
+    for e in (0, 5):
+        got, want = read(e), _expert(ex, e)
+        for field in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
+            assert torch.equal(getattr(got, field).view(torch.uint8), getattr(want, field).view(torch.uint8)), field
+    try:
+        CheckpointExperts(tmp_path, 3, E + 1)
+    except KeyError as err:
+        assert "layers.3.ffn.experts.8.w1.weight" in str(err)
+    else:
+        raise AssertionError("a missing expert went unnoticed")
