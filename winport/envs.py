@@ -96,6 +96,16 @@ WINPORT_KT_MOE = EnvVar(
     "WINPORT_KT_MOE", "bool", False, default_text="set by `winport serve`",
     why="1: winport's kt-kernel MoE method serves the routed experts (winport.hybrid); `winport serve` sets it "
         "for a CPU server or with --gpu-experts N; 0 keeps the torch/Triton experts.")
+WINPORT_HOT_EXPERTS = EnvVar(
+    "WINPORT_HOT_EXPERTS", "bool", False,
+    why="1: a hybrid layer's GPU expert slots follow decayed route counts, swapped between decode steps from the "
+        "checkpoint's files (winport.hybrid.hot_swap); off by default until measured in a live CUDA server.")
+WINPORT_HOT_EXPERTS_INTERVAL = EnvVar(
+    "WINPORT_HOT_EXPERTS_INTERVAL", "int", None, default_text="winport.hybrid.hot_experts.DEFAULT_INTERVAL",
+    why="Decode steps between two refreshes of the GPU expert slots.")
+WINPORT_HOT_EXPERTS_DECAY = EnvVar(
+    "WINPORT_HOT_EXPERTS_DECAY", "float", None, default_text="winport.hybrid.hot_experts.DEFAULT_DECAY",
+    why="Per-step decay of the route counts the GPU expert slots follow, in (0, 1].")
 WINPORT_GGUF_THREADS = EnvVar(
     "WINPORT_GGUF_THREADS", "int", None, default_text="torch's intra-op threads",
     why="Worker threads for load-time GGUF conversion.")
@@ -213,6 +223,7 @@ XDG_CACHE_HOME = EnvVar(
 _OWN = (
     WINPORT_EMULATE_WINDOWS, WINPORT_PLATFORM, WINPORT_SHIMS, WINPORT_CACHE, WINPORT_READY_TIMEOUT,
     WINPORT_CUDA_GRAPH, WINPORT_GPU_MXFP4_MOE, WINPORT_CPU_TORCH_KERNELS, WINPORT_ENGRAM_GGUF, WINPORT_KT_MOE,
+    WINPORT_HOT_EXPERTS, WINPORT_HOT_EXPERTS_INTERVAL, WINPORT_HOT_EXPERTS_DECAY,
     WINPORT_GGUF_THREADS, WINPORT_GGUF_REPACK_CHUNK, WINPORT_GGUF_DEQUANT_CHUNK,
 )
 _TEST_VARS = (

@@ -178,3 +178,43 @@ def test_experts_are_read_back_from_the_checkpoint(gen: torch.Generator, tmp_pat
         assert "layers.3.ffn.experts.8.w1.weight" in str(err)
     else:
         raise AssertionError("a missing expert went unnoticed")
+
+
+def test_decode_steps_drive_the_refreshes(gen: torch.Generator, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The ModelRunner.forward hook counts decode forwards only and refreshes every interval; the
+    log line reports the share the GPU served and the swaps."""
+    from types import SimpleNamespace
+
+    from winport.hybrid import hot_registry
+    from winport.patches import kt_hot_experts
+
+    monkeypatch.setenv("WINPORT_HOT_EXPERTS_INTERVAL", "5")
+    monkeypatch.setattr(hot_registry, "_registry", None)
+    assert hot_registry.active() is None
+    ex = _experts(gen)
+    moe, hot = _hot_moe(ex, decay=0.9)
+    hot_registry.registry().add(hot)
+
+    def batch(decode: bool) -> SimpleNamespace:
+        return SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: decode))
+
+    def step(_runner: object, fb: SimpleNamespace) -> str:
+        x, ids, w = _biased_routing(gen, 4, [6, 7])
+        moe.forward(x, ids, w, RSF)
+        return "out"
+
+    assert kt_hot_experts._forward(step, None, batch(False)) == "out"  # a prefill: not a decode step
+    for _ in range(4):
+        kt_hot_experts._forward(step, None, batch(True))
+    assert hot.swaps_done == 0 and hot_registry.active().steps == 4  # type: ignore[union-attr]
+    kt_hot_experts._forward(step, None, batch(True))
+    assert hot.swaps_done == 2 and sorted(hot.slots.resident()) == [6, 7]
+    line = hot_registry.active().report()  # type: ignore[union-attr]
+    assert "of 48 routes" in line and "2 swaps" in line, line
+    monkeypatch.setenv("WINPORT_HOT_EXPERTS_INTERVAL", "0")
+    try:
+        hot_registry.interval()
+    except ValueError as err:
+        assert "WINPORT_HOT_EXPERTS_INTERVAL" in str(err)
+    else:
+        raise AssertionError("an interval of 0 was taken")

@@ -79,6 +79,10 @@ class SlotWeights:
         return cls(layer.w13_weight.data, layer.w13_weight_scale_inv.data,  # type: ignore[union-attr]
                    layer.w2_weight.data, layer.w2_weight_scale_inv.data)  # type: ignore[union-attr]
 
+    def expert_bytes(self) -> int:
+        """Bytes one slot's expert takes in this format (what a swap writes)."""
+        return sum(t[0].numel() * t.element_size() for t in (self.w13, self.w13_scale, self.w2, self.w2_scale))
+
     def write(self, slot: int, ex: ExpertWeights) -> None:
         """Put expert `ex` into slot `slot` (on the current stream; the caller keeps it unmapped until done)."""
         dev = self.w13.device

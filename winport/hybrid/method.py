@@ -102,14 +102,40 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
             kt.load_from_files()
         elif not kt.loaded:
             kt.load_from_memory()  # raises, naming what the checkpoint did not provide
+        hot = self._follow_routes(layer)
         if not _announced:
             _announced = True
             where = "synchronous path (no GPU)" if kt.on_cpu_torch else "overlapped with the GPU on its stream"
             source = f"kt files in {self.settings.weight_path}" if self.settings.weight_path else "handed over from memory"
             print(f"winport: routed experts run in kt-kernel {kt.backend} ({kt.variant} build, {self.settings.method}, "
                   f"{self.settings.cpu_threads} threads in {self.settings.threadpool_count} pool(s), {where}); "
-                  f"{self.num_slots} of {kt.num_experts} experts a layer on the GPU side; weights {source}",
-                  flush=True)
+                  f"{self.num_slots} of {kt.num_experts} experts a layer on the GPU side; weights {source}; "
+                  f"GPU slots {hot}", flush=True)
+
+    def _follow_routes(self, layer: torch.nn.Module) -> str:
+        """With WINPORT_HOT_EXPERTS=1, let this layer's slots follow its routes (winport.hybrid.hot_swap),
+        reading the experts that move from the checkpoint's files; says what the slots do."""
+        from winport.hybrid import hot_registry
+
+        assert self.hybrid is not None
+        if not hot_registry.enabled():
+            return "fixed"
+        if not 0 < self.num_slots < self.hybrid.kt.num_experts:
+            return "fixed (no expert left to swap)"
+        from sglang.srt.server_args import get_global_server_args
+
+        from winport.hybrid.expert_source import CheckpointExperts
+        from winport.hybrid.hot_swap import HotLayer, SlotWeights
+
+        folder = get_global_server_args().model_path
+        try:
+            source = CheckpointExperts(folder, layer.layer_id, self.hybrid.kt.num_experts)
+        except FileNotFoundError as err:
+            return f"fixed ({err})"
+        reg = hot_registry.registry()
+        self.hybrid.hot = HotLayer(self.hybrid.slots, SlotWeights.of_layer(layer), source, hot_registry.decay())
+        reg.add(self.hybrid.hot)
+        return f"follow the routes (refreshed every {reg.every} decode steps)"
 
     def create_moe_runner(self, layer: torch.nn.Module, moe_runner_config: Any) -> None:
         """The GPU side's runner, for the slots and without routed_scaling_factor (applied once, later)."""

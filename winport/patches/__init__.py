@@ -32,6 +32,7 @@ PATCHES: tuple[str, ...] = (
     "cuda_fp4_dequant_block_shape",
     "cuda_mxfp4_moe",
     "kt_hybrid_moe",
+    "kt_hot_experts",
     "cpu_tp_dsv4_single_kv_head",
     "cpu_tp_embedding_eager",
     "cpu_tp_thread_binding",
