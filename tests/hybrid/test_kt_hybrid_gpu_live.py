@@ -92,3 +92,15 @@ def test_greedy_hybrid_judged_by_all_gpu(servers: tuple[Server, Server]) -> None
     print(f"hybrid greedy judged by all-GPU: {greedy_judge.describe(judged, bar)}")
     assert greedy_judge.meets(judged, bar), judged
     assert not greedy_judge.meets(controls, bar), controls
+
+
+def test_slots_followed_the_routes_when_asked(servers: tuple[Server, Server]) -> None:
+    """With WINPORT_HOT_EXPERTS=1 (passed through to the servers) the hybrid server's slots follow
+    the routes and swapped during the greedy decodes above, which were judged with the swaps on."""
+    from winport import envs
+
+    if not envs.WINPORT_HOT_EXPERTS.get():
+        pytest.skip("WINPORT_HOT_EXPERTS is off: the slots stay fixed (scripts/gpu/hybrid_check.sh live sets it)")
+    hybrid, _ = servers
+    assert "GPU slots follow the routes" in hybrid.text()
+    assert "winport: first GPU expert swaps" in hybrid.text()

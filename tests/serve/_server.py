@@ -54,7 +54,8 @@ def free_port() -> int:
 
 
 # The caller's settings that choose what a GPU run exercises.
-PASSED_THROUGH = ("WINPORT_CUDA_GRAPH", "WINPORT_GPU_MXFP4_MOE")
+PASSED_THROUGH = ("WINPORT_CUDA_GRAPH", "WINPORT_GPU_MXFP4_MOE", "WINPORT_HOT_EXPERTS", "WINPORT_HOT_EXPERTS_INTERVAL",
+                  "WINPORT_HOT_EXPERTS_DECAY")
 
 
 def start(args: list[str], env: dict[str, str] | None = None) -> Server:

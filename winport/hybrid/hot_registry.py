@@ -49,6 +49,7 @@ class HotRegistry:
     _last_log: float = field(default_factory=time.monotonic)
     _logged_hits: tuple[int, int] = (0, 0)
     _logged_swaps: int = 0
+    _announced: bool = False
 
     def add(self, layer: HotLayer) -> None:
         """Take part in the refreshes."""
@@ -59,8 +60,10 @@ class HotRegistry:
         self.steps += 1
         if not self.layers or self.steps % self.every:
             return
-        for layer in self.layers:
-            layer.refresh()
+        swapped = sum(len(layer.refresh()) for layer in self.layers)
+        if swapped and not self._announced:
+            self._announced = True  # one line at the first swap, then the periodic report
+            print(f"winport: first GPU expert swaps ({swapped}) after {self.steps} decode steps", flush=True)
         now = time.monotonic()
         if now - self._last_log >= LOG_INTERVAL_S:
             print(self.report(now), flush=True)
