@@ -100,7 +100,7 @@ def test_slots_followed_the_routes_when_asked(servers: tuple[Server, Server]) ->
     from winport import envs
 
     if not envs.WINPORT_HOT_EXPERTS.get():
-        pytest.skip("WINPORT_HOT_EXPERTS is off: the slots stay fixed (scripts/gpu/hybrid_check.sh live sets it)")
+        pytest.skip("WINPORT_HOT_EXPERTS is off: the slots stay fixed (run the live test with WINPORT_HOT_EXPERTS=1)")
     hybrid, _ = servers
     assert "GPU slots follow the routes" in hybrid.text()
     assert "winport: first GPU expert swaps" in hybrid.text()
