@@ -122,12 +122,12 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
             return "fixed"
         if not 0 < self.num_slots < self.hybrid.kt.num_experts:
             return "fixed (no expert left to swap)"
-        from sglang.srt.server_args import get_global_server_args
+        from sglang.srt.runtime_context import get_server_args
 
         from winport.hybrid.expert_source import CheckpointExperts
         from winport.hybrid.hot_swap import HotLayer, SlotWeights
 
-        folder = get_global_server_args().model_path
+        folder = get_server_args().model_path
         try:
             source = CheckpointExperts(folder, layer.layer_id, self.hybrid.kt.num_experts)
         except FileNotFoundError as err:
