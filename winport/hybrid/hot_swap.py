@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels_triton.formats.codecs import e8m0_to_float
 from winport.hybrid.hot_experts import DEFAULT_MARGIN, DEFAULT_MAX_SWAPS, RouteCounts, Swap, plan_swaps
 from winport.hybrid.slots import SlotMap
 
@@ -41,19 +42,12 @@ class ExpertWeights:
     w2_scale: torch.Tensor
 
 
-def e8m0_values(scale: torch.Tensor) -> torch.Tensor:
-    """E8M0 scales (float8_e8m0fnu or their uint8 bytes) as float32 2^(e - 127)."""
-    if scale.dtype == torch.uint8:
-        return torch.ldexp(torch.ones_like(scale, dtype=torch.float32), scale.to(torch.int32) - 127)
-    return scale.to(torch.float32)
-
-
 def _mxfp4_to_fp8_block(codes: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # SGLang's own load-time conversion (Fp8MoEMethod.process_weights_after_loading_block_quant with
     # SGLANG_DSV4_FP4_DEQUANT=1), so a swapped-in expert holds the bytes loading would have given it.
     from sglang.srt.layers.quantization.fp8 import cast_e2m1fn_to_e4m3fn
 
-    return cast_e2m1fn_to_e4m3fn(codes.view(torch.int8), e8m0_values(scale))
+    return cast_e2m1fn_to_e4m3fn(codes.view(torch.int8), e8m0_to_float(scale))
 
 
 class SlotWeights:
@@ -101,7 +95,7 @@ class SlotWeights:
                 s[slot].copy_(qs)
             else:
                 w[slot].copy_(codes.view(w.dtype))
-                s[slot].copy_(e8m0_values(scale))
+                s[slot].copy_(e8m0_to_float(scale))
 
 
 ReadExpert = Callable[[int], ExpertWeights]
