@@ -47,7 +47,8 @@ def _slot_tensors(fill_nan: bool = True) -> SlotWeights:
     return SlotWeights(w13, s13, w2, s2)
 
 
-def _hot_moe(ex: dict[str, torch.Tensor], decay: float) -> tuple[HybridMoE, HotLayer]:
+def _hot_moe(ex: dict[str, torch.Tensor], decay: float,
+             step_kind: torch.Tensor | None = None) -> tuple[HybridMoE, HotLayer]:
     kt = _kt(ex, LIMIT)
     slots = SlotMap(kt.mask, SLOTS, "cpu")
     weights = _slot_tensors()
@@ -58,7 +59,7 @@ def _hot_moe(ex: dict[str, torch.Tensor], decay: float) -> tuple[HybridMoE, HotL
         return mxfp4_moe(x, weights.w13, weights.w13_scale, weights.w2, weights.w2_scale, w, slot_ids, LIMIT)
 
     moe = HybridMoE(kt, slots, gpu_side)
-    moe.hot = HotLayer(slots, weights, lambda e: _expert(ex, e), decay)
+    moe.hot = HotLayer(slots, weights, lambda e: _expert(ex, e), decay, step_kind=step_kind)
     return moe, moe.hot
 
 
@@ -89,7 +90,9 @@ def test_slots_follow_the_routes_and_serve_as_a_static_placement(gen: torch.Gene
     assert sorted(hot.slots.resident()) == [6, 7], hot.slots.resident()
     assert hot.swaps_done == 2
     assert hot.slots.mask.tolist() == [e in (6, 7) for e in range(E)]
-    served, routed = hot.hit_counts()
+    hits = hot.hit_counts()
+    assert hits["prefill"] == (0, 0)  # without a step clock every forward counts as decode
+    served, routed = hits["decode"]
     assert routed == 30 * 4 * TOPK
     assert 0.3 < served / routed < 0.75, (served, routed)  # the first expert of most tokens after the swap
 
@@ -136,6 +139,18 @@ def test_fp8_slots_hold_the_expert_exactly(gen: torch.Generator) -> None:
     assert torch.equal(value(w13[1], s13[1]), want13)
     assert torch.equal(value(w2[1], s2[1]), _dequant64(ex["w2"][5], ex["w2s"][5]))
     assert value(w13[0], s13[0]).isnan().all()  # the other slot untouched
+    # the load-time check: the slot holds what a swap writes, and another expert is told apart
+    assert weights.mismatch(1, _expert(ex, 5)) is None
+    assert "w13_weight:" in (weights.mismatch(1, _expert(ex, 4)) or "")
+    assert weights.mismatch(0, _expert(ex, 5)) is not None
+
+
+def test_packed_slots_pass_the_load_time_check(gen: torch.Generator) -> None:
+    ex = _experts(gen)
+    _moe, hot = _hot_moe(ex, decay=0.9)
+    assert [hot.weights.mismatch(s, _expert(ex, e)) for s, e in enumerate(hot.slots.resident())] == [None, None]
+    hot.weights.w2_scale[1, 3, 0] *= 2  # one scale off
+    assert "w2_weight_scale_inv" in (hot.weights.mismatch(1, _expert(ex, 1)) or "")
 
 
 def test_an_expert_of_the_wrong_shape_is_refused(gen: torch.Generator) -> None:
@@ -181,36 +196,70 @@ def test_experts_are_read_back_from_the_checkpoint(gen: torch.Generator, tmp_pat
 
 
 def test_decode_steps_drive_the_refreshes(gen: torch.Generator, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """The ModelRunner.forward hook counts decode forwards only and refreshes every interval; the
-    log line reports the share the GPU served and the swaps."""
+    """The ModelRunner.forward hook tells prefill from decode routes, counts neither outside a step
+    (SGLang's graph warm-ups and captures), refreshes every interval of decode steps (DSpark's
+    verify steps among them), and the log line and the /metrics counters report both shares."""
     from types import SimpleNamespace
 
+    from prometheus_client import CollectorRegistry
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
     from winport.hybrid import hot_registry
+    from winport.hybrid.hot_metrics import HotMetrics
     from winport.patches import kt_hot_experts
 
     monkeypatch.setenv("WINPORT_HOT_EXPERTS_INTERVAL", "5")
     monkeypatch.setattr(hot_registry, "_registry", None)
     assert hot_registry.active() is None
+    reg = hot_registry.registry()
+    prom = CollectorRegistry()
+    reg.metrics = HotMetrics(prom)
     ex = _experts(gen)
-    moe, hot = _hot_moe(ex, decay=0.9)
-    hot_registry.registry().add(hot)
+    moe, hot = _hot_moe(ex, decay=0.9, step_kind=reg.step_kind("cpu"))
+    reg.add(hot)
+    stray = HotLayer(hot.slots, hot.weights, hot.read_expert, 0.9)  # counting by a tensor of its own
+    try:
+        reg.add(stray)
+    except ValueError as err:
+        assert "step-kind tensor" in str(err)
+    else:
+        raise AssertionError("a layer outside the step clock was taken")
 
-    def batch(decode: bool) -> SimpleNamespace:
-        return SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: decode))
-
-    def step(_runner: object, fb: SimpleNamespace) -> str:
-        x, ids, w = _biased_routing(gen, 4, [6, 7])
+    def step(_runner: object, fb: SimpleNamespace, tokens: int = 4) -> str:
+        x, ids, w = _biased_routing(gen, tokens, [6, 7])
         moe.forward(x, ids, w, RSF)
         return "out"
 
-    assert kt_hot_experts._forward(step, None, batch(False)) == "out"  # a prefill: not a decode step
-    for _ in range(4):
-        kt_hot_experts._forward(step, None, batch(True))
-    assert hot.swaps_done == 0 and hot_registry.active().steps == 4  # type: ignore[union-attr]
-    kt_hot_experts._forward(step, None, batch(True))
+    def batch(mode: ForwardMode) -> SimpleNamespace:
+        return SimpleNamespace(forward_mode=mode)
+
+    step(None, batch(ForwardMode.DECODE), tokens=8)  # outside any step, as a graph warm-up runs
+    assert hot.counts.read() == [0.0] * E and hot.hit_counts() == {"prefill": (0, 0), "decode": (0, 0)}
+    assert kt_hot_experts._forward(step, None, batch(ForwardMode.EXTEND)) == "out"  # prefill: no step
+    kt_hot_experts._forward(step, None, batch(ForwardMode.IDLE))  # neither counted nor a step
+    for _ in range(3):
+        kt_hot_experts._forward(step, None, batch(ForwardMode.DECODE))
+    kt_hot_experts._forward(step, None, batch(ForwardMode.TARGET_VERIFY))
+    assert hot.swaps_done == 0 and reg.steps == 4
+    assert int(reg.step_kind("cpu")) == hot_registry.UNCOUNTED  # put back after each forward
+    kt_hot_experts._forward(step, None, batch(ForwardMode.DECODE))
     assert hot.swaps_done == 2 and sorted(hot.slots.resident()) == [6, 7]
-    line = hot_registry.active().report()  # type: ignore[union-attr]
-    assert "of 48 routes" in line and "2 swaps" in line, line
+    hits = hot.hit_counts()
+    assert hits["prefill"][1] == 4 * TOPK and hits["decode"][1] == 5 * 4 * TOPK, hits
+    line = reg.report()
+    decode_share, prefill_share = (hits[k][0] / hits[k][1] for k in ("decode", "prefill"))
+    assert f"{decode_share:.1%} of {5 * 4 * TOPK} decode routes" in line, line
+    assert f"{prefill_share:.1%} of {4 * TOPK} prefill routes" in line, line
+    assert "2 swaps" in line, line
+
+    def sample(name: str, **labels: str) -> float | None:
+        return prom.get_sample_value(name, labels)
+
+    assert sample("winport:expert_routes_total", step="decode") == 5 * 4 * TOPK
+    assert sample("winport:expert_routes_total", step="prefill") == 4 * TOPK
+    assert sample("winport:expert_routes_gpu_total", step="decode") == hits["decode"][0]
+    assert sample("winport:expert_swaps_total") == 2
+    assert sample("winport:expert_swap_bytes_total") == 2 * hot.weights.expert_bytes()
     monkeypatch.setenv("WINPORT_HOT_EXPERTS_INTERVAL", "0")
     try:
         hot_registry.interval()

@@ -38,13 +38,23 @@ class RouteCounts:
         # One extra bin for the router's "no expert" id -1, dropped when read.
         self.counts = torch.zeros(num_experts + 1, dtype=torch.float32, device=device)
 
-    def update(self, topk_ids: torch.Tensor) -> None:
-        """Fold one step's routed logical ids ([T, k], -1 = none) into the counts, in place."""
+    def update(self, topk_ids: torch.Tensor, weight: torch.Tensor | None = None) -> None:
+        """Fold one step's routed logical ids ([T, k], -1 = none) into the counts, in place.
+
+        `weight` (float32 [1] on the counts' device, 1 or 0) says whether this step counts at all,
+        read when the step runs: a captured graph replays the update with whatever it holds then,
+        and a step that does not count (a graph's warm-up or capture) neither adds nor decays.
+        """
         ids = torch.remainder(topk_ids.reshape(-1).long(), self.num_experts + 1)
-        self.counts.mul_(self.decay)
-        # A fresh ones tensor each call, not a cached one: a tensor cached across the captures of
+        # Fresh tensors each call, never cached ones: a tensor cached across the captures of
         # several decode graphs would be freed into their shared pool and reused under them.
-        self.counts.index_add_(0, ids, torch.ones(ids.shape[0], dtype=torch.float32, device=ids.device))
+        if weight is None:
+            self.counts.mul_(self.decay)
+            ones = torch.ones(ids.shape[0], dtype=torch.float32, device=ids.device)
+        else:
+            self.counts.mul_(1.0 - weight * (1.0 - self.decay))
+            ones = weight.expand(ids.shape[0]).contiguous()
+        self.counts.index_add_(0, ids, ones)
 
     def read(self) -> list[float]:
         """The counts on the host (one device-to-host copy), expert 0 first."""

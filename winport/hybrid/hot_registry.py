@@ -1,10 +1,14 @@
 """The process's hot-swapping hybrid layers and the decode-step clock that refreshes them.
 
 SGLang's decode steps replay CUDA graphs, so no Python code of a layer runs at a step: the
-refresh is driven from outside, by winport.patches.kt_hot_experts after each decode forward.
-Every `interval` steps each layer's slots are refreshed (winport.hybrid.hot_swap.HotLayer), and
-at most every LOG_INTERVAL_S seconds one line reports the share of routes the GPU served, the
-swaps and their bytes since the last line.
+refresh is driven from outside, by winport.patches.kt_hot_experts around each forward. Before a
+forward the registry fills the layers' step-kind tensor (prefill or decode, read by the captured
+counters when the step runs) and after it puts back "uncounted", so SGLang's graph warm-ups and
+captures, which run outside a step, count as neither. Every `interval` decode steps each layer's
+slots are refreshed (winport.hybrid.hot_swap.HotLayer); at most every LOG_INTERVAL_S seconds one
+line reports the share of routes the GPU served in decode and in prefill, the swaps and their
+bytes since the last line, and with `--enable-metrics` the same totals go to SGLang's /metrics
+(winport.hybrid.hot_metrics).
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from winport import envs
 from winport.hybrid.hot_experts import DEFAULT_DECAY, DEFAULT_INTERVAL
-from winport.hybrid.hot_swap import HotLayer
+from winport.hybrid.hot_metrics import HotMetrics
+from winport.hybrid.hot_swap import DECODE, PREFILL, STEP_KINDS, UNCOUNTED, HotLayer, step_kind_tensor
 
 LOG_INTERVAL_S = 30.0
 
@@ -44,16 +51,37 @@ class HotRegistry:
     """The hot-swapping layers of this process, with their step clock and log counters."""
 
     every: int
+    metrics: HotMetrics | None = None
     layers: list[HotLayer] = field(default_factory=list)
     steps: int = 0
+    _kinds: dict[str, torch.Tensor] = field(default_factory=dict)
     _last_log: float = field(default_factory=time.monotonic)
-    _logged_hits: tuple[int, int] = (0, 0)
+    _logged_hits: dict[str, tuple[int, int]] = field(default_factory=lambda: {k: (0, 0) for k in STEP_KINDS})
     _logged_swaps: int = 0
     _announced: bool = False
 
+    def step_kind(self, device: torch.device | str) -> torch.Tensor:
+        """The step-kind tensor the layers on `device` share (filled by `begin`, `end`)."""
+        key = str(torch.device(device))
+        if key not in self._kinds:
+            self._kinds[key] = step_kind_tensor(device)
+        return self._kinds[key]
+
     def add(self, layer: HotLayer) -> None:
-        """Take part in the refreshes."""
+        """Take part in the refreshes (the layer must count by this registry's step-kind tensor)."""
+        if layer.step_kind is not self.step_kind(layer.step_kind.device):
+            raise ValueError("a hot layer must count by its registry's step-kind tensor (HotRegistry.step_kind)")
         self.layers.append(layer)
+
+    def begin(self, decode: bool) -> None:
+        """A forward is about to be enqueued: its routes count as decode or as prefill."""
+        for t in self._kinds.values():
+            t.fill_(DECODE if decode else PREFILL)
+
+    def end(self) -> None:
+        """The forward is enqueued: later forwards count only once `begin` says what they are."""
+        for t in self._kinds.values():
+            t.fill_(UNCOUNTED)
 
     def step(self) -> None:
         """One decode forward has been enqueued: refresh every `every` steps, log now and then."""
@@ -64,26 +92,43 @@ class HotRegistry:
         if swapped and not self._announced:
             self._announced = True  # one line at the first swap, then the periodic report
             print(f"winport: first GPU expert swaps ({swapped}) after {self.steps} decode steps", flush=True)
+        if self.metrics is not None:
+            self.metrics.publish(self.hit_counts(), self.swaps_done(), self.bytes_per_swap())
         now = time.monotonic()
         if now - self._last_log >= LOG_INTERVAL_S:
             print(self.report(now), flush=True)
 
-    def report(self, now: float | None = None) -> str:
-        """The hit rate, swaps and swap bytes since the last report, as one log line."""
-        now = time.monotonic() if now is None else now
-        served = routed = 0
+    def hit_counts(self) -> dict[str, tuple[int, int]]:
+        """Per step kind, (routes the GPU served, routes) of all layers since start."""
+        total = {kind: (0, 0) for kind in STEP_KINDS}
         for layer in self.layers:
-            s, r = layer.hit_counts()
-            served, routed = served + s, routed + r
-        swaps = sum(layer.swaps_done for layer in self.layers)
-        d_served, d_routed = served - self._logged_hits[0], routed - self._logged_hits[1]
-        d_swaps = swaps - self._logged_swaps
+            for kind, (s, r) in layer.hit_counts().items():
+                total[kind] = (total[kind][0] + s, total[kind][1] + r)
+        return total
+
+    def swaps_done(self) -> int:
+        """Swaps made by all layers since start."""
+        return sum(layer.swaps_done for layer in self.layers)
+
+    def bytes_per_swap(self) -> int:
+        """Bytes one swap writes into a slot (the layers share one format)."""
+        return self.layers[0].weights.expert_bytes() if self.layers else 0
+
+    def report(self, now: float | None = None) -> str:
+        """The hit rates, swaps and swap bytes since the last report, as one log line."""
+        now = time.monotonic() if now is None else now
+        hits, swaps = self.hit_counts(), self.swaps_done()
         span = max(now - self._last_log, 1e-9)
-        per_swap = self.layers[0].weights.expert_bytes() if self.layers else 0
-        self._last_log, self._logged_hits, self._logged_swaps = now, (served, routed), swaps
-        share = d_served / d_routed if d_routed else 0.0
-        return (f"winport: GPU experts served {share:.1%} of {d_routed} routes over {span:.0f} s; "
-                f"{d_swaps} swaps ({d_swaps / span:.2f}/s, {d_swaps * per_swap / span / 1e6:.1f} MB/s) "
+        shares = []
+        for kind in STEP_KINDS:
+            d_served = hits[kind][0] - self._logged_hits[kind][0]
+            d_routed = hits[kind][1] - self._logged_hits[kind][1]
+            share = d_served / d_routed if d_routed else 0.0
+            shares.append(f"{share:.1%} of {d_routed} {kind} routes")
+        d_swaps = swaps - self._logged_swaps
+        self._last_log, self._logged_hits, self._logged_swaps = now, hits, swaps
+        return (f"winport: GPU experts served {' and '.join(shares)} over {span:.0f} s; "
+                f"{d_swaps} swaps ({d_swaps / span:.2f}/s, {d_swaps * self.bytes_per_swap() / span / 1e6:.1f} MB/s) "
                 f"in {len(self.layers)} layers")
 
 
@@ -99,5 +144,7 @@ def registry() -> HotRegistry:
     """This process's registry (made on first use, with the configured interval)."""
     global _registry
     if _registry is None:
-        _registry = HotRegistry(interval())
+        from winport.hybrid import hot_metrics
+
+        _registry = HotRegistry(interval(), hot_metrics.for_server())
     return _registry

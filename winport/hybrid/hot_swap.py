@@ -4,7 +4,10 @@
 weights:
 - `observe` runs inside the layer's forward, before and after the slot remap: it folds the step's
   logical ids into the decayed counts and adds the routes the GPU served and all routes to two
-  counters. Fixed shapes, no host sync: it is captured in decode CUDA graphs with the layer.
+  counters of the step's kind (prefill or decode). Fixed shapes, no host sync: it is captured in
+  decode CUDA graphs with the layer. The kind is a one-element tensor the step clock fills before
+  each forward (winport.hybrid.hot_registry), read when the step runs; SGLang's graph warm-ups and
+  captures run outside a step and count as neither (their dummy batches are not the text).
 - `refresh` runs on the host between steps (every `interval` of them): it reads the counts, plans
   the swaps, and makes each in the order SlotMap documents (retire, write the slot, admit), with
   the new expert's weights from `read_expert` (host memory: the checkpoint's memory map) written
@@ -27,6 +30,15 @@ from winport.hybrid.hot_experts import DEFAULT_MARGIN, DEFAULT_MAX_SWAPS, RouteC
 from winport.hybrid.slots import SlotMap
 
 MXFP4_BLOCK = 32  # inputs per E8M0 scale
+
+# What kind of step a route comes from: the rows of HotLayer.hits and the values of its step-kind tensor.
+PREFILL, DECODE, UNCOUNTED = 0, 1, 2
+STEP_KINDS = ("prefill", "decode")  # the counted kinds, by row
+
+
+def step_kind_tensor(device: torch.device | str, kind: int = UNCOUNTED) -> torch.Tensor:
+    """A step-kind tensor (int64 [1]) on `device`, holding `kind`."""
+    return torch.full((1,), kind, dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
@@ -77,25 +89,45 @@ class SlotWeights:
         """Bytes one slot's expert takes in this format (what a swap writes)."""
         return sum(t[0].numel() * t.element_size() for t in (self.w13, self.w13_scale, self.w2, self.w2_scale))
 
-    def write(self, slot: int, ex: ExpertWeights) -> None:
-        """Put expert `ex` into slot `slot` (on the current stream; the caller keeps it unmapped until done)."""
+    def encode(self, ex: ExpertWeights,
+               label: str = "the expert") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert `ex` in this format on the slots' device: (w13, w13 scale, w2, w2 scale) of one slot."""
         dev = self.w13.device
         gate_up = torch.cat([ex.w1, ex.w3], 0).to(dev, non_blocking=True)
         gate_up_scale = torch.cat([ex.w1_scale, ex.w3_scale], 0).to(dev, non_blocking=True)
         down, down_scale = ex.w2.to(dev, non_blocking=True), ex.w2_scale.to(dev, non_blocking=True)
-        for (codes, scale), w, s, name in (((gate_up, gate_up_scale), self.w13, self.w13_scale, "w13"),
-                                           ((down, down_scale), self.w2, self.w2_scale, "w2")):
+        out: list[torch.Tensor] = []
+        for (codes, scale), w, name in (((gate_up, gate_up_scale), self.w13, "w13"), ((down, down_scale), self.w2, "w2")):
             packed_shape = (w.shape[1], w.shape[2] // 2 if self.fp8 else w.shape[2])
             if tuple(codes.shape) != packed_shape or tuple(scale.shape) != (packed_shape[0], 2 * packed_shape[1] // MXFP4_BLOCK):
-                raise ValueError(f"{name} of the expert for slot {slot}: codes {tuple(codes.shape)}, scales "
+                raise ValueError(f"{name} of {label}: codes {tuple(codes.shape)}, scales "
                                  f"{tuple(scale.shape)} do not fit the slots' {tuple(w.shape[1:])}")
+            # Scales take the slot's dtype, as write()'s copy_ would: mismatch() compares dtypes too.
+            scale_dtype = (self.w13_scale if name == "w13" else self.w2_scale).dtype
             if self.fp8:
-                q, qs = _mxfp4_to_fp8_block(codes, scale)
-                w[slot].copy_(q)
-                s[slot].copy_(qs)
+                q, s = _mxfp4_to_fp8_block(codes, scale)
+                out.extend((q, s.to(scale_dtype)))
             else:
-                w[slot].copy_(codes.view(w.dtype))
-                s[slot].copy_(e8m0_to_float(scale))
+                out.extend((codes.view(w.dtype), e8m0_to_float(scale).to(scale_dtype)))
+        return out[0], out[1], out[2], out[3]
+
+    def write(self, slot: int, ex: ExpertWeights) -> None:
+        """Put expert `ex` into slot `slot` (on the current stream; the caller keeps it unmapped until done)."""
+        encoded = self.encode(ex, f"the expert for slot {slot}")
+        for dst, src in zip((self.w13, self.w13_scale, self.w2, self.w2_scale), encoded, strict=True):
+            dst[slot].copy_(src)
+
+    def mismatch(self, slot: int, ex: ExpertWeights) -> str | None:
+        """None if slot `slot` holds exactly what `write(slot, ex)` would put there, else which tensor
+        differs: the check that the swap path encodes experts as loading did."""
+        names = ("w13_weight", "w13_weight_scale_inv", "w2_weight", "w2_weight_scale_inv")
+        for name, have, want in zip(names, (self.w13, self.w13_scale, self.w2, self.w2_scale), self.encode(ex), strict=True):
+            have = have[slot]
+            if have.shape != want.shape or have.dtype != want.dtype:
+                return f"{name}: loaded {have.dtype} {tuple(have.shape)}, a swap writes {want.dtype} {tuple(want.shape)}"
+            if not torch.equal(have.view(torch.uint8), want.contiguous().view(torch.uint8)):
+                return f"{name}: the loaded bytes differ from the ones a swap writes"
+        return None
 
 
 ReadExpert = Callable[[int], ExpertWeights]
@@ -105,25 +137,33 @@ class HotLayer:
     """Decayed route counts, hit counters and the swaps of one hybrid MoE layer."""
 
     def __init__(self, slots: SlotMap, weights: SlotWeights, read_expert: ReadExpert, decay: float,
-                 margin: float = DEFAULT_MARGIN, max_swaps: int = DEFAULT_MAX_SWAPS) -> None:
+                 margin: float = DEFAULT_MARGIN, max_swaps: int = DEFAULT_MAX_SWAPS,
+                 step_kind: torch.Tensor | None = None) -> None:
+        """`step_kind` is the step clock's shared tensor; without one every forward counts as decode."""
         if weights.w13.shape[0] != slots.num_slots:
             raise ValueError(f"{weights.w13.shape[0]} slot weights for {slots.num_slots} slots")
+        device = slots.slot_of.device
         self.slots, self.weights, self.read_expert = slots, weights, read_expert
         self.margin, self.max_swaps = margin, max_swaps
-        self.counts = RouteCounts(slots.num_experts, slots.slot_of.device, decay)
-        # [routes the GPU served, routes] since start, on the router's device (int64: never saturates).
-        self.hits = torch.zeros(2, dtype=torch.int64, device=slots.slot_of.device)
+        self.counts = RouteCounts(slots.num_experts, device, decay)
+        self.step_kind = step_kind_tensor(device, DECODE) if step_kind is None else step_kind
+        if self.step_kind.shape != (1,) or self.step_kind.dtype != torch.int64 or self.step_kind.device != device:
+            raise ValueError(f"step kind must be int64 [1] on {device}, got {self.step_kind.dtype} "
+                             f"{tuple(self.step_kind.shape)} on {self.step_kind.device}")
+        # Per step kind (PREFILL, DECODE, UNCOUNTED): [routes the GPU served, routes] since start,
+        # on the router's device (int64: never saturates).
+        self.hits = torch.zeros(3, 2, dtype=torch.int64, device=device)
         self.swaps_done = 0
 
     def observe_routes(self, logical_ids: torch.Tensor) -> None:
-        """Before the remap: fold the step's logical ids into the counts."""
-        self.counts.update(logical_ids)
+        """Before the remap: fold the step's logical ids into the counts (if the step counts)."""
+        self.counts.update(logical_ids, (self.step_kind < UNCOUNTED).float())
 
     def observe_split(self, slot_ids: torch.Tensor, cpu_ids: torch.Tensor) -> None:
-        """After the remap: count the routes the GPU serves and all routes."""
+        """After the remap: count the routes the GPU serves and all routes, under the step's kind."""
         gpu = (slot_ids >= 0).sum()
-        self.hits[0].add_(gpu)
-        self.hits[1].add_(gpu + (cpu_ids >= 0).sum())
+        row = torch.stack([gpu, gpu + (cpu_ids >= 0).sum()]).unsqueeze(0)
+        self.hits.index_add_(0, self.step_kind, row)
 
     def refresh(self) -> list[Swap]:
         """Read the counts, make the swaps they call for, and return them."""
@@ -135,7 +175,8 @@ class HotLayer:
         self.swaps_done += len(swaps)
         return swaps
 
-    def hit_counts(self) -> tuple[int, int]:
-        """(routes the GPU served, routes) since start (one device-to-host copy)."""
-        served, routed = self.hits.tolist()
-        return int(served), int(routed)
+    def hit_counts(self) -> dict[str, tuple[int, int]]:
+        """Per counted step kind ("prefill", "decode"): (routes the GPU served, routes) since start
+        (one device-to-host copy)."""
+        rows = self.hits.tolist()
+        return {kind: (int(rows[i][0]), int(rows[i][1])) for i, kind in enumerate(STEP_KINDS)}

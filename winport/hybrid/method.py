@@ -132,8 +132,17 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
             source = CheckpointExperts(folder, layer.layer_id, self.hybrid.kt.num_experts)
         except FileNotFoundError as err:
             return f"fixed ({err})"
+        weights = SlotWeights.of_layer(layer)
+        # A swapped-in expert must hold the bytes loading gave the one it replaces: check slot 0.
+        first = self.hybrid.slots.resident()[0]
+        problem = weights.mismatch(0, source(first))
+        if problem is not None:
+            raise RuntimeError(f"{_name(layer)}: expert {first} in GPU slot 0 is not what a hot-expert swap would "
+                               f"write ({problem}); SGLang's expert loading changed, review winport.hybrid.hot_swap "
+                               f"or serve without {hot_registry.envs.WINPORT_HOT_EXPERTS.name}=1")
         reg = hot_registry.registry()
-        self.hybrid.hot = HotLayer(self.hybrid.slots, SlotWeights.of_layer(layer), source, hot_registry.decay())
+        self.hybrid.hot = HotLayer(self.hybrid.slots, weights, source, hot_registry.decay(),
+                                   step_kind=reg.step_kind(self.hybrid.slots.slot_of.device))
         reg.add(self.hybrid.hot)
         return f"follow the routes (refreshed every {reg.every} decode steps)"
 

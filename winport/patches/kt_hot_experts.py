@@ -1,9 +1,11 @@
 """The decode-step clock of the hot-swapping hybrid layers (winport.hybrid.hot_registry).
 
 Targets sglang 0.5.23 `srt/model_executor/model_runner.py:ModelRunner.forward`, which runs once a
-step in the scheduler process whether the step replays a CUDA graph or runs eagerly. After a decode
-forward has been enqueued, the registry counts the step and refreshes the layers' slots every
-interval. A hook that changes nothing unless WINPORT_HOT_EXPERTS=1 registered a layer.
+step in the scheduler process whether the step replays a CUDA graph or runs eagerly. Before the
+forward the registry says whether its routes count as decode or prefill (DSpark's verify steps
+count as decode, other modes not at all); after a decode forward has been enqueued it counts the
+step and refreshes the layers' slots every interval. A hook that changes nothing unless
+WINPORT_HOT_EXPERTS=1 registered a layer.
 """
 
 from __future__ import annotations
@@ -15,12 +17,28 @@ from winport.patches._base import register, require_source
 FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
 
 
+def _step_kind(mode: Any) -> str | None:
+    """'decode', 'prefill' or None (not counted) for SGLang's ForwardMode `mode`."""
+    if mode.is_decode() or mode.is_target_verify():
+        return "decode"
+    if mode.is_extend():
+        return "prefill"
+    return None
+
+
 def _forward(original: Any, self: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-    out = original(self, forward_batch, *args, **kwargs)
     from winport.hybrid import hot_registry
 
     reg = hot_registry.active()
-    if reg is not None and forward_batch.forward_mode.is_decode():
+    kind = _step_kind(forward_batch.forward_mode) if reg is not None else None
+    if reg is None or kind is None:
+        return original(self, forward_batch, *args, **kwargs)
+    reg.begin(decode=kind == "decode")
+    try:
+        out = original(self, forward_batch, *args, **kwargs)
+    finally:
+        reg.end()
+    if kind == "decode":
         reg.step()
     return out
 
