@@ -219,6 +219,10 @@ LOCALAPPDATA = EnvVar(
 XDG_CACHE_HOME = EnvVar(
     "XDG_CACHE_HOME", "path", None, owner="XDG", default_text="`~/.cache`",
     why="Root of the default WINPORT_CACHE elsewhere.")
+PROMETHEUS_MULTIPROC_DIR = EnvVar(
+    "PROMETHEUS_MULTIPROC_DIR", "path", None, owner="prometheus_client", default_text="unset",
+    why="Set by SGLang's --enable-metrics: when present, the hot-expert counters join /metrics "
+        "(winport.hybrid.hot_metrics).")
 
 _OWN = (
     WINPORT_EMULATE_WINDOWS, WINPORT_PLATFORM, WINPORT_SHIMS, WINPORT_CACHE, WINPORT_READY_TIMEOUT,
@@ -236,7 +240,7 @@ _FOREIGN = (
     SGLANG_FP8_PAGED_MQA_LOGITS_TORCH, SGLANG_OPT_FP8_WO_A_GEMM, SGLANG_CPU_OMP_THREADS_BIND,
     SGLANG_DISAGGREGATION_ZMQ_MAX_SOCKETS, OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, KT_KERNEL_CPU_VARIANT,
     KT_FORCE_SYNC_SUBMIT, KT_KERNEL_DEBUG, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, PYTHONUTF8, LOCALAPPDATA,
-    XDG_CACHE_HOME,
+    XDG_CACHE_HOME, PROMETHEUS_MULTIPROC_DIR,
 )
 
 
