@@ -36,7 +36,11 @@ def servers() -> Iterator[tuple[Server, Server]]:
     """(hybrid server, all-GPU server)."""
     # Two servers share the GPU: each gets a budget (SGLang's default fraction would let the first
     # take the whole card and the second fail out of memory).
-    hybrid = start(["--demo", "--gpu-experts", "4", "--vram-gib", "32"])
+    from winport import envs
+
+    # With the swaps on, SGLang's /metrics too, where the hot experts' counters appear.
+    metrics = ["--", "--enable-metrics"] if envs.WINPORT_HOT_EXPERTS.get() else []
+    hybrid = start(["--demo", "--gpu-experts", "4", "--vram-gib", "32", *metrics])
     full = start(["--demo", "--vram-gib", "32"])
     with running(hybrid, full):
         yield hybrid, full
@@ -101,6 +105,25 @@ def test_slots_followed_the_routes_when_asked(servers: tuple[Server, Server]) ->
 
     if not envs.WINPORT_HOT_EXPERTS.get():
         pytest.skip("WINPORT_HOT_EXPERTS is off: the slots stay fixed (run the live test with WINPORT_HOT_EXPERTS=1)")
+    import re
+    import urllib.request
+
     hybrid, _ = servers
     assert "GPU slots follow the routes" in hybrid.text()
     assert "winport: first GPU expert swaps" in hybrid.text()
+    with urllib.request.urlopen(hybrid.url + "/metrics", timeout=30) as resp:  # noqa: S310 - loopback only
+        text = resp.read().decode()
+
+    def total(name: str, step: str | None = None) -> float:
+        label = re.escape(f'{{step="{step}"}}') if step else ""
+        found = re.findall(rf"^{re.escape(name)}{label} ([0-9.e+]+)$", text, re.M)
+        assert found, f"{name} {step or ''} not in /metrics"
+        return float(found[0])
+
+    routes, gpu = total("winport:expert_routes_total", "decode"), total("winport:expert_routes_gpu_total", "decode")
+    prefill, prefill_gpu = (total("winport:expert_routes_total", "prefill"),
+                            total("winport:expert_routes_gpu_total", "prefill"))
+    swaps = total("winport:expert_swaps_total")
+    print(f"/metrics: GPU served {gpu / routes:.1%} of {routes:.0f} decode routes, {prefill_gpu / prefill:.1%} of "
+          f"{prefill:.0f} prefill routes; {swaps:.0f} swaps, {total('winport:expert_swap_bytes_total') / 1e6:.1f} MB")
+    assert routes > 0 and prefill > 0 and swaps > 0 and 0 < gpu <= routes
