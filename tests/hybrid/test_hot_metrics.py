@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
+from winport import envs
 
 WRITER = textwrap.dedent("""
     from winport.hybrid import hot_metrics
@@ -37,9 +38,9 @@ def test_counters_are_collected_from_the_scheduler_process(tmp_path: Path) -> No
 def test_no_counters_without_metrics() -> None:
     from winport.hybrid import hot_metrics
 
-    saved = os.environ.pop(hot_metrics.MULTIPROC_ENV, None)
+    saved = os.environ.pop(envs.PROMETHEUS_MULTIPROC_DIR.name, None)
     try:
         assert hot_metrics.for_server() is None
     finally:
         if saved is not None:
-            os.environ[hot_metrics.MULTIPROC_ENV] = saved
+            os.environ[envs.PROMETHEUS_MULTIPROC_DIR.name] = saved

@@ -21,8 +21,6 @@ from typing import Any
 from winport import envs
 from winport.hybrid.hot_swap import STEP_KINDS
 
-MULTIPROC_ENV = envs.PROMETHEUS_MULTIPROC_DIR.name
-
 
 class HotMetrics:
     """Monotonic counters fed from the registry's running totals (only the growth is added)."""
