@@ -48,6 +48,13 @@ Sets OMP_NUM_THREADS (torch's CPU threads); default: left as it is (--cpu-thread
 Routed experts per layer kept on the GPU; the rest run in kt-kernel on the CPU; default: all on
 the GPU (--gpu-experts).
 
+.PARAMETER RecordExperts
+Count how often each routed expert is chosen and write the counts to this file whenever the
+server goes idle; needs kt-kernel's experts (--record-experts).
+
+.PARAMETER ExpertPlacement
+Start the GPU expert slots with the experts a route record counted most often (--expert-placement).
+
 .PARAMETER ServedModelName
 The model name clients send and see; default: the model folder's name (--served-model-name).
 
@@ -114,6 +121,10 @@ param(
 
     [int]$MaxRunningRequests,
 
+    [string]$RecordExperts,
+
+    [string]$ExpertPlacement,
+
     [string]$ServedModelName,
 
     [string]$ApiKey,
@@ -146,6 +157,8 @@ $FlagOf = [ordered]@{
     CpuThreads    = '--cpu-threads'
     GpuExperts    = '--gpu-experts'
     MaxRunningRequests = '--max-running-requests'
+    RecordExperts = '--record-experts'
+    ExpertPlacement = '--expert-placement'
     ServedModelName = '--served-model-name'
     ApiKey        = '--api-key'
     Device        = '--device'

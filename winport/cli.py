@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("winport.doctor", "main", "report what this machine has for the port"),
     "serve": ("winport.serve.command", "main", "run the OpenAI-compatible server (--demo for the tiny model)"),
     "plan": ("winport.placement.cli", "main", "the GPU budget of a model and the experts a layer it leaves (--vram-gib N)"),
+    "experts": ("winport.hybrid.experts_cli", "main", "record the routes a workload takes (record FILE) and read a record (show FILE)"),
     "demo-model": ("winport.demo.command", "main", "write the tiny DeepSeek-V4 demo checkpoint"),
     "gguf": ("winport.gguf.cli", "main", "GGUF files: info FILE | dump FILE TENSOR --npy OUT | export CHECKPOINT OUT.gguf"),
     "lock": ("winport.install.lock", "main", "write requirements/windows.in and resolve windows.lock with uv"),

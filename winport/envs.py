@@ -106,6 +106,14 @@ WINPORT_HOT_EXPERTS_INTERVAL = EnvVar(
 WINPORT_HOT_EXPERTS_DECAY = EnvVar(
     "WINPORT_HOT_EXPERTS_DECAY", "float", None, default_text="winport.hybrid.hot_experts.DEFAULT_DECAY",
     why="Per-step decay of the route counts the GPU expert slots follow, in (0, 1].")
+WINPORT_EXPERTS_RECORD = EnvVar(
+    "WINPORT_EXPERTS_RECORD", "path", None, default_text="unset",
+    why="Set by `winport serve --record-experts FILE`: the hybrid layers count their routes and the scheduler writes "
+        "them to FILE whenever it goes idle (winport.hybrid.route_record).")
+WINPORT_EXPERT_PLACEMENT = EnvVar(
+    "WINPORT_EXPERT_PLACEMENT", "path", None, default_text="unset",
+    why="Set by `winport serve --expert-placement FILE`: each hybrid layer's GPU slots start with the experts FILE "
+        "recorded as most routed there, instead of experts 0..N-1 (winport.hybrid.route_record).")
 WINPORT_GGUF_THREADS = EnvVar(
     "WINPORT_GGUF_THREADS", "int", None, default_text="torch's intra-op threads",
     why="Worker threads for load-time GGUF conversion.")
@@ -228,6 +236,7 @@ _OWN = (
     WINPORT_EMULATE_WINDOWS, WINPORT_PLATFORM, WINPORT_SHIMS, WINPORT_CACHE, WINPORT_READY_TIMEOUT,
     WINPORT_CUDA_GRAPH, WINPORT_GPU_MXFP4_MOE, WINPORT_CPU_TORCH_KERNELS, WINPORT_ENGRAM_GGUF, WINPORT_KT_MOE,
     WINPORT_HOT_EXPERTS, WINPORT_HOT_EXPERTS_INTERVAL, WINPORT_HOT_EXPERTS_DECAY,
+    WINPORT_EXPERTS_RECORD, WINPORT_EXPERT_PLACEMENT,
     WINPORT_GGUF_THREADS, WINPORT_GGUF_REPACK_CHUNK, WINPORT_GGUF_DEQUANT_CHUNK,
 )
 _TEST_VARS = (

@@ -58,14 +58,15 @@ PASSED_THROUGH = ("WINPORT_CUDA_GRAPH", "WINPORT_GPU_MXFP4_MOE", "WINPORT_HOT_EX
                   "WINPORT_HOT_EXPERTS_DECAY")
 
 
-def start(args: list[str], env: dict[str, str] | None = None) -> Server:
-    """Start `winport serve --port <free> *args`; `env` adds to the environment described above."""
+def start(args: list[str], env: dict[str, str] | None = None, command: tuple[str, ...] = ("serve",)) -> Server:
+    """Start `winport serve --port <free> *args` (or another `command` that serves, such as
+    `experts record`); `env` adds to the environment described above."""
     port = free_port()
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("WINPORT_", "SGLANG_")) or k in PASSED_THROUGH}
     full.update({"WINPORT_EMULATE_WINDOWS": "1", "WINPORT_CACHE": str(CACHE), "PYTHONUNBUFFERED": "1"})
     full.update(env or {})
-    argv = ["serve", "--port", str(port), *args]
+    argv = [*command, "--port", str(port), *args]
     proc = subprocess.Popen([sys.executable, "-m", "winport", *argv], env=full, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
     srv = Server(proc, f"http://127.0.0.1:{port}", argv)

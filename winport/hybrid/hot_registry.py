@@ -8,7 +8,8 @@ captures, which run outside a step, count as neither. Every `interval` decode st
 slots are refreshed (winport.hybrid.hot_swap.HotLayer); at most every LOG_INTERVAL_S seconds one
 line reports the share of routes the GPU served in decode and in prefill, the swaps and their
 bytes since the last line, and with `--enable-metrics` the same totals go to SGLang's /metrics
-(winport.hybrid.hot_metrics).
+(winport.hybrid.hot_metrics). With `--record-experts` the same clock drives the route record
+(winport.hybrid.route_record), written when the scheduler goes idle after a counted forward.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from winport import envs
 from winport.hybrid.hot_experts import DEFAULT_DECAY, DEFAULT_INTERVAL
 from winport.hybrid.hot_metrics import HotMetrics
 from winport.hybrid.hot_swap import DECODE, PREFILL, STEP_KINDS, UNCOUNTED, HotLayer, step_kind_tensor
+from winport.hybrid.route_record import RouteRecorder
 
 LOG_INTERVAL_S = 30.0
 
@@ -52,6 +54,7 @@ class HotRegistry:
 
     every: int
     metrics: HotMetrics | None = None
+    recorder: RouteRecorder | None = None
     layers: list[HotLayer] = field(default_factory=list)
     steps: int = 0
     _kinds: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -77,11 +80,18 @@ class HotRegistry:
         """A forward is about to be enqueued: its routes count as decode or as prefill."""
         for t in self._kinds.values():
             t.fill_(DECODE if decode else PREFILL)
+        if self.recorder is not None:
+            self.recorder.dirty = True
 
     def end(self) -> None:
         """The forward is enqueued: later forwards count only once `begin` says what they are."""
         for t in self._kinds.values():
             t.fill_(UNCOUNTED)
+
+    def idle(self) -> None:
+        """The scheduler has nothing to run: write the route record if a counted forward ran since."""
+        if self.recorder is not None:
+            self.recorder.flush()
 
     def step(self) -> None:
         """One decode forward has been enqueued: refresh every `every` steps, log now and then."""

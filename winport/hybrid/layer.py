@@ -19,6 +19,7 @@ import torch
 
 from winport.hybrid.hot_swap import HotLayer
 from winport.hybrid.kt_experts import KTExperts
+from winport.hybrid.route_record import RouteTally
 from winport.hybrid.slots import SlotMap
 
 # (hidden [T, H], slot ids [T, k] with -1 = not resident, router weights [T, k]) -> unscaled [T, H]
@@ -33,6 +34,7 @@ class HybridMoE:
             raise ValueError("the slot map must change kt-kernel's own mask tensor (in place)")
         self.kt, self.slots, self.gpu_experts = kt, slots, gpu_experts
         self.hot: HotLayer | None = None  # set to let the slots follow the routes (winport.hybrid.hot_swap)
+        self.tally: RouteTally | None = None  # set to record the routes (winport.hybrid.route_record)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 routed_scaling_factor: float = 1.0, gpu_experts: GpuExperts | None = None) -> torch.Tensor:
@@ -41,6 +43,8 @@ class HybridMoE:
         run_gpu = gpu_experts or self.gpu_experts
         if self.slots.num_slots and run_gpu is None:
             raise ValueError(f"{self.slots.num_slots} GPU expert slots but no GPU-side expert method")
+        if self.tally is not None:
+            self.tally.observe(topk_ids)
         if self.hot is not None:
             self.hot.observe_routes(topk_ids)
         cpu_ids = self.slots.split_(topk_ids)

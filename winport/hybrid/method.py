@@ -11,7 +11,9 @@ everything else to it; unlike it:
   CPU + GPU sum: by this method on CUDA, where DeepseekV2MoE leaves the routed output as the
   runner returns it; by DeepseekV2MoE itself on CPU torch, where it multiplies the experts' output
   for every method (deepseek_v2.py forward_normal: `not _is_cuda and not _is_musa and not _is_xpu`);
-- the experts reach kt-kernel from SGLang's own weight loading (winport.hybrid.kt_experts).
+- the experts reach kt-kernel from SGLang's own weight loading (winport.hybrid.kt_experts);
+- the slots can start from a route record (--expert-placement) and the routes can be recorded
+  (--record-experts): winport.hybrid.route_record.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 
 from winport.hybrid.kt_experts import KTExperts
 from winport.hybrid.layer import HybridMoE
+from winport.hybrid.route_record import initial_experts
 from winport.hybrid.settings import KTSettings
 from winport.hybrid.slots import SlotMap
 
@@ -53,6 +56,7 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
         self.settings = settings
         self.num_slots = 0
         self.hybrid: HybridMoE | None = None
+        self.slot_start = "experts 0..N-1"
 
     def create_weights(self, layer: torch.nn.Module, num_experts: int, hidden_size: int,
                        intermediate_size_per_partition: int, params_dtype: torch.dtype, **extra: Any) -> None:
@@ -70,6 +74,10 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
         kt = KTExperts(layer.layer_id, num_experts, layer.top_k, hidden_size, intermediate_size_per_partition,
                        self.settings, layer.moe_runner_config.swiglu_limit)
         slots = SlotMap(kt.mask, self.num_slots, layer.w13_weight.device)
+        start = initial_experts(layer.layer_id, self.num_slots, num_experts)  # --expert-placement FILE
+        if start is not None:
+            slots.place(start)  # before loading: load_weight puts these experts into the slots
+            self.slot_start = f"the most-routed experts of the route record (layer {layer.layer_id}: {start})"
         self.hybrid = HybridMoE(kt, slots, None)
         # FusedMoE's loaders follow this method's weight layout (fused_moe_triton/layer.py
         # _weight_layout_method), not the wrapper's.
@@ -103,6 +111,7 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
         elif not kt.loaded:
             kt.load_from_memory()  # raises, naming what the checkpoint did not provide
         hot = self._follow_routes(layer)
+        self._record_routes(layer)
         if not _announced:
             _announced = True
             where = "synchronous path (no GPU)" if kt.on_cpu_torch else "overlapped with the GPU on its stream"
@@ -110,7 +119,7 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
             print(f"winport: routed experts run in kt-kernel {kt.backend} ({kt.variant} build, {self.settings.method}, "
                   f"{self.settings.cpu_threads} threads in {self.settings.threadpool_count} pool(s), {where}); "
                   f"{self.num_slots} of {kt.num_experts} experts a layer on the GPU side; weights {source}; "
-                  f"GPU slots {hot}", flush=True)
+                  f"GPU slots {hot}, starting with {self.slot_start}", flush=True)
 
     def _follow_routes(self, layer: torch.nn.Module) -> str:
         """With WINPORT_HOT_EXPERTS=1, let this layer's slots follow its routes (winport.hybrid.hot_swap),
@@ -145,6 +154,23 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
                                    step_kind=reg.step_kind(self.hybrid.slots.slot_of.device))
         reg.add(self.hybrid.hot)
         return f"follow the routes (refreshed every {reg.every} decode steps)"
+
+    def _record_routes(self, layer: torch.nn.Module) -> None:
+        """With WINPORT_EXPERTS_RECORD=FILE, count this layer's routes into FILE (winport.hybrid.route_record)."""
+        from winport.hybrid import hot_registry, route_record
+
+        path = route_record.record_path()
+        if path is None:
+            return
+        assert self.hybrid is not None
+        reg = hot_registry.registry()
+        if reg.recorder is None:
+            reg.recorder = route_record.RouteRecorder(path, self.hybrid.kt.num_experts, int(layer.top_k))
+            print(f"winport: routed experts' route counts are written to {path} whenever the server goes idle",
+                  flush=True)
+        tally = route_record.RouteTally(self.hybrid.kt.num_experts, reg.step_kind(self.hybrid.slots.slot_of.device))
+        reg.recorder.add(int(layer.layer_id), tally)
+        self.hybrid.tally = tally
 
     def create_moe_runner(self, layer: torch.nn.Module, moe_runner_config: Any) -> None:
         """The GPU side's runner, for the slots and without routed_scaling_factor (applied once, later)."""
@@ -183,6 +209,6 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
         return StandardCombineInput(hidden_states=out)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("gpu_method", "settings", "hybrid", "num_slots", "moe_runner_config"):
+        if name in ("gpu_method", "settings", "hybrid", "num_slots", "moe_runner_config", "slot_start"):
             raise AttributeError(name)
         return getattr(self.gpu_method, name)

@@ -5,7 +5,11 @@ step in the scheduler process whether the step replays a CUDA graph or runs eage
 forward the registry says whether its routes count as decode or prefill (DSpark's verify steps
 count as decode, other modes not at all); after a decode forward has been enqueued it counts the
 step and refreshes the layers' slots every interval. A hook that changes nothing unless
-WINPORT_HOT_EXPERTS=1 registered a layer.
+WINPORT_HOT_EXPERTS=1 registered a layer or --record-experts a route record.
+
+Also targets sglang 0.5.23 `srt/managers/scheduler.py:Scheduler.on_idle`, which the scheduler's
+loops call whenever no batch is left to run: the route record is written there, so the file holds
+every finished request without a write per step.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 from winport.patches._base import register, require_source
 
 FORWARD = "sglang.srt.model_executor.model_runner.ModelRunner.forward"
+ON_IDLE = "sglang.srt.managers.scheduler.Scheduler.on_idle"
 
 
 def _step_kind(mode: Any) -> str | None:
@@ -43,7 +48,18 @@ def _forward(original: Any, self: Any, forward_batch: Any, *args: Any, **kwargs:
     return out
 
 
+def _on_idle(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    from winport.hybrid import hot_registry
+
+    reg = hot_registry.active()
+    if reg is not None:
+        reg.idle()
+    return original(self, *args, **kwargs)
+
+
 def register_patch() -> None:
-    """Check upstream and register the hook."""
+    """Check upstream and register the hooks."""
     require_source(FORWARD, "self.forward_pass_id += 1", "forward_batch")
     register(FORWARD, _forward)
+    require_source(ON_IDLE, "Idle housekeeping")
+    register(ON_IDLE, _on_idle)

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="routed experts per layer kept on the GPU; the rest run in kt-kernel on the CPU "
                          "(SGLang's --kt-num-gpu-experts; default: all on the GPU; CPU-only: all in kt-kernel, "
                          "whose threads are physical cores minus one unless `-- --kt-cpuinfer N`)")
+    ap.add_argument("--record-experts", type=Path, default=None, metavar="FILE",
+                    help="count how often each routed expert is chosen, per layer, in prefill and decode, and "
+                         "write the counts to FILE whenever the server goes idle (needs kt-kernel's experts: a "
+                         "CPU server, or --gpu-experts / --vram-gib on CUDA); `winport experts show FILE` reads it")
+    ap.add_argument("--expert-placement", type=Path, default=None, metavar="FILE",
+                    help="start each layer's GPU expert slots with the experts a route record (--record-experts) "
+                         "counted most often there, instead of experts 0..N-1 (CUDA with --gpu-experts or --vram-gib)")
     ap.add_argument("--max-running-requests", type=int, default=None,
                     help="how many requests run at once; more wait in a queue (default: SGLang's)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")

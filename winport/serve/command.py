@@ -216,11 +216,44 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     print(f"winport serve: {experts.line}", flush=True)
     sg += experts.argv
     env.update(experts.env)
+    route_record_env(args, model_path, device, gpu_experts, experts, env)
     # Last, so that a flag given after `--` wins over winport's choice of the same flag (argparse
     # keeps the last occurrence).
     sg += sglang_extra
     return LaunchPlan(model_path=model_path, device=device, argv=sg, env=env, placement=placement,
                       api_key=args.api_key)
+
+
+def route_record_env(args: Any, model_path: Path, device: str, gpu_experts: int | None, experts: Any,
+                     env: dict[str, str]) -> None:
+    """--record-experts and --expert-placement: checked here (before loading), passed on in `env`."""
+    import json
+
+    from winport.hybrid.route_record import check_model, load
+    from winport.hybrid.settings import ENV_ENABLE
+
+    kt_on = experts.env.get(ENV_ENABLE) == "1"
+    if args.record_experts is not None:
+        out = Path(args.record_experts).expanduser().resolve()
+        if not kt_on:
+            raise ServeError(f"--record-experts {args.record_experts}: the routes are counted in kt-kernel's MoE "
+                             f"layers, and this server does not use them ({experts.line})")
+        if not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+            raise ServeError(f"--record-experts {args.record_experts}: {out.parent} is not a folder this user can "
+                             "write to")
+        envs.set_for_child(env, envs.WINPORT_EXPERTS_RECORD, str(out))
+    if args.expert_placement is not None:
+        flag = f"--expert-placement {args.expert_placement}"
+        if device == "cpu" or not kt_on or not gpu_experts:
+            raise ServeError(f"{flag}: places GPU expert slots, and this server has none ({experts.line})")
+        src = Path(args.expert_placement).expanduser().resolve()
+        try:
+            config = json.loads((model_path / "config.json").read_text(encoding="utf-8"))
+            check_model(load(src), config, f"route record {src}")
+        except (OSError, ValueError) as exc:  # RecordError is a ValueError
+            raise ServeError(f"{flag}: {exc}") from None
+        envs.set_for_child(env, envs.WINPORT_EXPERT_PLACEMENT, str(src))
+        print(f"winport serve: GPU expert slots start from the most-routed experts in {src}", flush=True)
 
 
 def place_experts(folder: ModelFolder, args: Any, with_draft: bool) -> Any:
@@ -464,8 +497,8 @@ def _pump(stream, sink) -> None:  # type: ignore[no-untyped-def]
         sink.flush()
 
 
-def run(plan: LaunchPlan) -> int:
-    """Start the server, report progress and readiness, and stop the process tree on exit."""
+def launch(plan: LaunchPlan) -> subprocess.Popen[bytes]:
+    """Start SGLang's server process for `plan`, its output copied to this process's stdout."""
     env = envs.child_environ(plan.env)
     print(f"winport serve: model {plan.model_path} on {plan.device}", flush=True)
     # -X utf8 as well as PYTHONUTF8: the flag also holds where environment variables are ignored
@@ -480,7 +513,33 @@ def run(plan: LaunchPlan) -> int:
         kwargs["start_new_session"] = True
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
     threading.Thread(target=_pump, args=(proc.stdout, sys.stdout), daemon=True).start()
-    stopping = threading.Event()
+    return proc
+
+
+def wait_ready(plan: LaunchPlan, proc: subprocess.Popen[bytes], stopping: threading.Event) -> bool:
+    """Wait until the server answers (True; the ready line printed, the memory report made), it
+    exits, READY_TIMEOUT_S passes, or `stopping` is set (False, with a line saying which)."""
+    start = time.monotonic()
+    while not stopping.is_set():
+        if proc.poll() is not None:
+            print(f"winport serve: the server exited with code {proc.returncode} before it was ready",
+                  file=sys.stderr, flush=True)
+            return False
+        if _health(plan.url, plan.api_key):
+            print(f"winport serve: ready at {plan.url} (OpenAI API: {plan.url}/v1) after "
+                  f"{time.monotonic() - start:.0f} s; Ctrl-C stops it", flush=True)
+            if plan.placement is not None:
+                report_memory(plan, proc.pid)
+            return True
+        if time.monotonic() - start > READY_TIMEOUT_S:
+            print(f"winport serve: not ready after {READY_TIMEOUT_S:.0f} s; stopping", file=sys.stderr)
+            return False
+        stopping.wait(1.0)
+    return False
+
+
+def on_stop_signals(stopping: threading.Event) -> None:
+    """Ctrl-C, SIGTERM (and Ctrl-Break or the console closing on Windows) set `stopping`."""
 
     def on_signal(signum: int, _frame: object) -> None:
         stopping.set()
@@ -489,26 +548,22 @@ def run(plan: LaunchPlan) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     if hasattr(signal, "SIGBREAK"):
         signal.signal(signal.SIGBREAK, on_signal)  # Ctrl-Break / console close on Windows
+
+
+def run(plan: LaunchPlan) -> int:
+    """Start the server, report progress and readiness, and stop the process tree on exit."""
+    proc = launch(plan)
+    stopping = threading.Event()
+    on_stop_signals(stopping)
     try:
-        start = time.monotonic()
-        ready = False
-        while not stopping.is_set():
+        if wait_ready(plan, proc, stopping):
+            while not stopping.is_set() and proc.poll() is None:
+                stopping.wait(1.0)
             if proc.poll() is not None:
-                print(f"winport serve: the server exited with code {proc.returncode} before it was ready"
-                      if not ready else f"winport serve: the server exited with code {proc.returncode}",
-                      file=sys.stderr, flush=True)
+                print(f"winport serve: the server exited with code {proc.returncode}", file=sys.stderr, flush=True)
                 return proc.returncode or 1
-            if not ready:
-                if _health(plan.url, plan.api_key):
-                    ready = True
-                    print(f"winport serve: ready at {plan.url} (OpenAI API: {plan.url}/v1) after "
-                          f"{time.monotonic() - start:.0f} s; Ctrl-C stops it", flush=True)
-                    if plan.placement is not None:
-                        report_memory(plan, proc.pid)
-                elif time.monotonic() - start > READY_TIMEOUT_S:
-                    print(f"winport serve: not ready after {READY_TIMEOUT_S:.0f} s; stopping", file=sys.stderr)
-                    return 1
-            stopping.wait(1.0)
+        elif not stopping.is_set():
+            return (proc.returncode or 1) if proc.poll() is not None else 1
         print("winport serve: stopping", flush=True)
         return 0
     finally:
