@@ -334,3 +334,32 @@ def test_serve_vram_plan_counts_the_draft_and_the_vision_tower(model_dir: tuple[
     assert lines["vision tower"] == served(d / "mmproj-BF16.gguf") > 0
     out = capsys.readouterr().out
     assert "winport serve:   draft" in out and "winport serve:   vision tower" in out
+
+
+def test_hot_swaps_read_from_the_gguf_the_experts_loading_gave(model_dir: tuple[Path, dict, dict],
+                                                               tmp_path: Path) -> None:
+    """A folder served straight from its GGUF has no safetensors: GPU expert swaps read each expert from
+    the GGUF (winport.hybrid.expert_source.GGUFExperts), bit for bit what the copying route wrote for it
+    (and so what loading handed SGLang and kt-kernel)."""
+    from winport.hybrid.expert_source import CheckpointExperts, GGUFExperts, NoExpertSource, expert_source
+
+    d, _, _ = model_dir
+    copied = gguf_to_checkpoint(_main(d), cache=tmp_path / "copy", draft=None, mmproj=None, dense_fp8=None,
+                                progress=False)
+    lean = gguf_to_checkpoint(_main(d), cache=tmp_path / "direct", draft=None, mmproj=None, dense_fp8=None,
+                              progress=False, weights="direct")
+    config = json.loads((copied / "config.json").read_text())
+    experts = config["n_routed_experts"]
+    for layer in range(config["num_hidden_layers"]):
+        want, got = CheckpointExperts(copied, layer, experts), expert_source(lean, layer, experts)
+        assert isinstance(got, GGUFExperts) and isinstance(expert_source(copied, layer, experts), CheckpointExperts)
+        for e in range(experts):
+            a, b = want(e), got(e)
+            for field in ("w1", "w1_scale", "w3", "w3_scale", "w2", "w2_scale"):
+                x, y = getattr(a, field), getattr(b, field)
+                assert x.shape == y.shape and x.element_size() == y.element_size(), (layer, e, field)
+                np.testing.assert_array_equal(_bits(x), _bits(y), err_msg=f"layer {layer} expert {e} {field}")
+    with pytest.raises(NoExpertSource, match="no safetensors files"):
+        CheckpointExperts(lean, 0, experts)
+    with pytest.raises(NoExpertSource, match=f"GPU expert swaps read {experts + 1} MXFP4 experts"):
+        GGUFExperts(_main(d), 0, experts + 1)

@@ -123,7 +123,8 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
 
     def _follow_routes(self, layer: torch.nn.Module) -> str:
         """With WINPORT_HOT_EXPERTS=1, let this layer's slots follow its routes (winport.hybrid.hot_swap),
-        reading the experts that move from the checkpoint's files; says what the slots do."""
+        reading the experts that move from the model's files (winport.hybrid.expert_source); says what
+        the slots do."""
         from winport.hybrid import hot_registry
 
         assert self.hybrid is not None
@@ -133,13 +134,13 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
             return "fixed (no expert left to swap)"
         from sglang.srt.runtime_context import get_server_args
 
-        from winport.hybrid.expert_source import CheckpointExperts
+        from winport.hybrid.expert_source import NoExpertSource, expert_source
         from winport.hybrid.hot_swap import HotLayer, SlotWeights
 
         folder = get_server_args().model_path
         try:
-            source = CheckpointExperts(folder, layer.layer_id, self.hybrid.kt.num_experts)
-        except FileNotFoundError as err:
+            source = expert_source(folder, layer.layer_id, self.hybrid.kt.num_experts)
+        except NoExpertSource as err:
             return f"fixed ({err})"
         weights = SlotWeights.of_layer(layer)
         # A swapped-in expert must hold the bytes loading gave the one it replaces: check slot 0.
