@@ -11,8 +11,9 @@ The file (JSON, FORMAT):
     {"format": "winport-expert-routes/1", "num_experts": E, "top_k": k,
      "layers": {"<layer id>": {"prefill": [E ints], "decode": [E ints],
                                "tokens": {"prefill": n, "decode": m}}, ...}}
-`tokens` counts the rows each layer saw (a token routes to k experts); decode rows include the
-padding of captured CUDA-graph batches, so on CUDA they can exceed the tokens generated.
+`tokens` counts the tokens each layer routed (rows with at least one expert; a token routes to k).
+On CUDA, decode replays graphs captured at padded batch sizes: padding rows SGLang's top-k masks to
+-1 do not count, others would, so there decode tokens can exceed the tokens generated.
 
 Counting runs inside the layer's forward with fixed shapes and no host sync (captured in decode
 CUDA graphs like winport.hybrid.hot_swap's counters), under the step clock's step-kind tensor
@@ -41,7 +42,8 @@ class RecordError(ValueError):
 
 class RouteTally:
     """Undecayed route counts of one layer per step kind: int64 [3, E + 2] on the router's device
-    (rows PREFILL, DECODE, UNCOUNTED; bin E is the router's "no expert" id -1, bin E + 1 the rows)."""
+    (rows PREFILL, DECODE, UNCOUNTED; bin E is the router's "no expert" id -1, bin E + 1 the tokens
+    routed to at least one expert)."""
 
     def __init__(self, num_experts: int, step_kind: torch.Tensor) -> None:
         if step_kind.shape != (1,) or step_kind.dtype != torch.int64:
@@ -57,7 +59,9 @@ class RouteTally:
         rows = torch.full((1,), self.num_experts + 1, dtype=torch.int64, device=ids.device)
         # Fresh tensors each call (a tensor cached across captured graphs would be freed into their pool).
         ones = torch.ones(ids.shape[0], dtype=torch.int64, device=ids.device)
-        tokens = torch.full((1,), topk_ids.shape[0], dtype=torch.int64, device=ids.device)
+        # Rows routed to at least one expert: the padding of a captured batch, where SGLang's top-k
+        # masks it to -1, is not a token.
+        tokens = (topk_ids >= 0).any(dim=-1).sum().reshape(1).long()
         flat = self.step_kind * width + torch.cat([ids, rows])
         self.counts.view(-1).index_add_(0, flat, torch.cat([ones, tokens]))
 
