@@ -7,10 +7,13 @@ runs DSpark on CUDA/NPU/XPU only, so the module is GPU-only (on the CPU the flag
 tests/serve/test_dspark_serve_plan.py). Run it on the GPU machine with
 `bash scripts/gpu/serve_demo.sh tests/serve/test_dspark_live.py`.
 
+Both with every expert on the GPU and hybrid (4 of 8 experts a layer on the GPU, the rest in
+kt-kernel: the verify block goes through the hybrid MoE; the draft's MoE is never wrapped).
+
 Checked: the draft was loaded (SGLang names the DSpark draft arch, no unexpected draft weight) and
 used (every request reports verify steps); 32 greedy tokens per prompt with DSpark equal those
 without it. The accept length (tokens per verify step, SGLang's spec_accept_length) is printed and
-written to $OUT/dspark_accept.json; with the demo's random draft weights it is expected near 1 (the
+written to $OUT/dspark_accept_<layout>.json; with the demo's random draft weights it is expected near 1 (the
 draft rarely guesses the target's token), so it is reported, not asserted beyond >= 1.
 
 Equality is judged tie-aware (tests/serve/_greedy_judge.py): a verify forward (6 tokens at once) and
@@ -61,17 +64,25 @@ def _greedy(srv: Server, ids: list[int]) -> dict[str, Any]:
                                                              "ignore_eos": True}})
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict[str, Any]:
-    """The DSpark server's continuations and stats, then the plain server's verdicts on them."""
-    spec = start(["--demo", "--demo-variant", "v41", "--speculative-algorithm", "DSPARK", "--max-running-requests", "2"])
+# All experts on the GPU, and hybrid (4 of 8 a layer on the GPU, the rest in kt-kernel on the host):
+# the verify block then goes through the hybrid MoE, the draft's own MoE stays on the GPU.
+LAYOUTS = {"all-gpu": [], "hybrid": ["--gpu-experts", "4", "--vram-gib", "32"]}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
+def runs(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The DSpark server's continuations and stats, then the plain server's (same expert layout)
+    verdicts on them."""
+    layout = LAYOUTS[request.param]
+    spec = start(["--demo", "--demo-variant", "v41", "--speculative-algorithm", "DSPARK", "--max-running-requests", "2",
+                  *layout])
     try:
         wait_ready(spec)
         results = [_greedy(spec, ids) for ids in PROMPTS]
         spec_log = spec.text()
     finally:
         stop(spec)
-    plain = start(["--demo", "--demo-variant", "v41", "--max-running-requests", "2"])
+    plain = start(["--demo", "--demo-variant", "v41", "--max-running-requests", "2", *layout])
     try:
         wait_ready(plain)
         free = [_greedy(plain, ids)["output_ids"] for ids in PROMPTS]
@@ -82,13 +93,15 @@ def runs() -> dict[str, Any]:
     finally:
         stop(plain)
     return {"spec": results, "spec_log": spec_log, "free": free, "deficits": deficits, "own": own,
-            "controls": controls}
+            "controls": controls, "layout": request.param}
 
 
 def test_the_bundled_draft_is_loaded(runs: dict[str, Any]) -> None:
     log = runs["spec_log"]
     assert "DeepseekV4ForCausalLMDSpark" in log, "SGLang did not load the bundled DSpark draft"
     assert "DSpark V4 draft: unexpected weight" not in log, re.findall(r".*unexpected weight.*", log)[:5]
+    hybrid = "winport: routed experts run in kt-kernel" in log
+    assert hybrid == (runs["layout"] == "hybrid"), "the expert layout is not the one asked for"
 
 
 def test_speculation_runs_and_reports_the_accept_length(runs: dict[str, Any]) -> None:
@@ -105,7 +118,7 @@ def test_speculation_runs_and_reports_the_accept_length(runs: dict[str, Any]) ->
               f"accept length {accept:.2f}, accept rate {meta.get('spec_accept_rate')}")
     out = Path(os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "dspark_accept.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / f"dspark_accept_{runs['layout']}.json").write_text(json.dumps(report, indent=1) + "\n")
 
 
 def test_greedy_tokens_equal_without_speculation(runs: dict[str, Any]) -> None:
@@ -115,6 +128,6 @@ def test_greedy_tokens_equal_without_speculation(runs: dict[str, Any]) -> None:
         print(f"prompt of {len(ids)}: free-running equal for {first}/{TOKENS} tokens; teacher-forced argmax at "
               f"{sum(d == 0 for d in deficit)}/{TOKENS}, worst deficit {max(deficit):.3f} nat")
     bar = bar_from_self(runs["own"])
-    print(f"DSpark vs the plain server's prefill: {describe(runs['deficits'], bar)}")
+    print(f"DSpark ({runs['layout']}) vs the plain server's prefill: {describe(runs['deficits'], bar)}")
     assert meets(runs["deficits"], bar), runs["deficits"]
     assert not meets(runs["controls"], bar), runs["controls"]
