@@ -9,6 +9,10 @@
 #   moe    the Triton MXFP4 MoE GPU tests and benchmark (tests/ops/test_mxfp4_moe.py, scripts/bench/mxfp4_moe.py)
 #   split  one full-width hybrid layer: GPU work, CPU work, wait (scripts/bench/hybrid_layer.py)
 #   proxy  the full-width V4.1 proxy built, served hybrid, asked and timed (scripts/gpu/proxy_check.py)
+#   plan   --vram-gib's plan next to what the GPU holds (tests/placement/test_vram_plan_gpu.py)
+#   place  winport experts record, then --expert-placement from it (tests/hybrid/test_expert_placement_gpu_live.py)
+#   ggufhot  hot experts swapped in from a GGUF served directly (tests/hybrid/test_hot_experts_gguf_gpu_live.py)
+#   dspark DSpark with the hybrid MoE vs without speculation (tests/serve/test_dspark_live.py -k hybrid)
 # T_<PART> sets each part's time limit in seconds; KT_THREADS, KT_ARGS, MOE_ARGS, SPLIT_ARGS and
 # PROXY_ARGS pass options on.
 set -u
@@ -53,6 +57,18 @@ for part in "$@"; do
       timeout "${T_PROXY:-560}" bash scripts/gpu/serve_demo.sh --script scripts/gpu/proxy_check.py ${PROXY_ARGS:-} \
         > "$OUT/proxy.log" 2>&1
       grep -v "^WARNING: Target" "$OUT/proxy.log" | tail -25 ;;
+  plan|place|ggufhot|dspark)
+      case $part in
+      plan) tests=(tests/placement/test_vram_plan_gpu.py) ;;
+      place) tests=(tests/hybrid/test_expert_placement_gpu_live.py) ;;
+      ggufhot) tests=(tests/hybrid/test_hot_experts_gguf_gpu_live.py) ;;
+      dspark) tests=(tests/serve/test_dspark_live.py -k hybrid) ;;
+      esac
+      echo "=== $part: ${tests[*]} ==="
+      limit_var="T_${part^^}"
+      timeout "${!limit_var:-300}" bash scripts/gpu/serve_demo.sh "${tests[@]}" -s > "$OUT/$part.log" 2>&1
+      echo "rc=$?"
+      grep -v "^WARNING: Target" "$OUT/$part.log" | grep -v " INFO \|Warning\|warn(" | tail -30 ;;
   *) echo "unknown part $part"; exit 2 ;;
   esac
 done
