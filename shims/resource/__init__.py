@@ -1,12 +1,15 @@
 """Stand-in for the POSIX-only `resource` module, for SGLang's `set_ulimit` on Windows.
 
 SGLang 0.5.23 imports `resource` unconditionally (srt/utils/common.py) and raises the open-file
-and stack limits at start-up. Windows has no per-process rlimits of these kinds (handles are
+and stack limits at start-up; prometheus_client (SGLang's --enable-metrics) calls getpagesize()
+at import, and falls back to 4096 only on ImportError, which this module's presence prevents. Windows has no per-process rlimits of these kinds (handles are
 bounded by the kernel, thread stacks are set per thread), so the limits read as unlimited and
 setting them is accepted and changes nothing.
 """
 
 from __future__ import annotations
+
+import mmap
 
 from shims._missing import missing_getattr
 
@@ -34,6 +37,11 @@ def setrlimit(resource: int, limits: tuple[int, int]) -> None:
     """Replaces resource.setrlimit: accepted, nothing to change on Windows."""
     if resource not in _KNOWN:
         raise ValueError(f"invalid resource specified: {resource}")
+
+
+def getpagesize() -> int:
+    """Replaces resource.getpagesize: the system's page size (mmap.PAGESIZE, 4096 on x64 Windows)."""
+    return mmap.PAGESIZE
 
 
 __getattr__ = missing_getattr("resource", "the POSIX resource module")

@@ -124,3 +124,15 @@ def _write(code: str) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="winport-spawn-"))
     (folder / "child.py").write_text(code)
     return folder
+
+
+def test_prometheus_client_imports_under_windows_emulation() -> None:
+    """SGLang's --enable-metrics imports prometheus_client, which calls resource.getpagesize() at
+    import and falls back only on ImportError: the resource stand-in must answer it (it did not, and
+    the server died at start under WINPORT_EMULATE_WINDOWS=1 on the H200, 2026-12-03)."""
+    import mmap
+
+    proc = run_python("import prometheus_client, resource; print(resource.__name__, resource.getpagesize())",
+                      env={"WINPORT_EMULATE_WINDOWS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["shims.resource", str(mmap.PAGESIZE)], proc.stdout
