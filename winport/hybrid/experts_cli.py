@@ -180,8 +180,7 @@ def summary(rec: RouteRecord, slots: tuple[int, ...]) -> str:
     all layers' recorded prefill and decode routes they would have served."""
     lines = [f"{rec.num_experts} experts a layer, top-{rec.top_k}, {len(rec.layers)} MoE layers",
              f"{'slots':>6} {'prefill share':>14} {'decode share':>13}"]
-    for n in slots:
-        n = min(n, rec.num_experts)
+    for n in dict.fromkeys(min(n, rec.num_experts) for n in slots):  # a count above E says the same as E
         cells = []
         for kind in STEP_KINDS:
             served = total = 0
