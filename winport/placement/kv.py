@@ -7,9 +7,12 @@ pages padded to 576-byte rows: kernels_triton.formats.v4_page_bytes), the SWA po
 ratio of the full pool (DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO = 0.1 unless --swa-full-tokens-ratio),
 compressed storage owned by the ratio-4/128 layers (V4) or by the kv-source layers of ratio 1/2
 (V4.1), and V4.1's low-ratio indexer keys in FP4 (index_head_dim / 2 + index_head_dim / 32 bytes).
-Not modelled (small next to the pools, and not on winport's default path): the encoder-replay
-request windows, the cap-mode SWA pool (--max-running-requests with chunked prefill), the c4/c128
-compress-state rings and the per-layer padding page. With DSpark SGLang inflates every per-token
+Not modelled: the encoder-replay request windows, the c4/c128 compress-state rings and the
+per-layer padding page (small next to the pools), and the cap-mode SWA pool, which is NOT small and IS
+on the default path: SGLang sets max_running_requests 256 for DeepSeek-V4, and with chunked prefill
+it then sizes the SWA pool from compute_swa_request_cap plus 4 x max_running_requests prefix tails
+(606,464 tokens at window 128; measured on the H200 2026-12-03: 1.98 GB for the V4.1 demo, which
+made SGLang refuse a 6 GiB plan). Open in issue 24. With DSpark SGLang inflates every per-token
 figure by (target layers + 1) / target layers, as here.
 """
 
