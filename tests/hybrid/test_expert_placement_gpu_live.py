@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.serve._server import CACHE, START_TIMEOUT_S, generate, running, start, stop
+from tests.serve._server import CACHE, generate, record_experts, running, start
 from tests.serve.test_server_live import GREEDY_PROMPTS
 from winport.hybrid import route_record
 
@@ -28,14 +28,8 @@ def test_record_on_cuda_then_start_the_slots_from_it(tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(GREEDY_PROMPTS) + "\n", encoding="utf-8")
     out = tmp_path / "routes.json"
-    rec_srv = start(["--prompts", str(prompts), "--out", str(out), "--max-tokens", "16", "--demo",
-                     "--gpu-experts", str(SLOTS), "--vram-gib", "32"], command=("experts", "record"))
-    try:
-        rc = rec_srv.proc.wait(START_TIMEOUT_S)
-    finally:
-        stop(rec_srv)
-    text = rec_srv.text()
-    assert rc == 0, text[-6000:]
+    text = record_experts(["--prompts", str(prompts), "--out", str(out), "--max-tokens", "16", "--demo",
+                           "--gpu-experts", str(SLOTS), "--vram-gib", "32"])
     m = re.search(r"(\d+) prefill and (\d+) decode tokens", text)
     assert m, text[-3000:]
     prefill, decode = int(m[1]), int(m[2])

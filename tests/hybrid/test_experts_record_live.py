@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import REPO_ROOT
-from tests.serve._server import CACHE, START_TIMEOUT_S, start, stop
+from tests.serve._server import CACHE, record_experts
 from winport.hybrid import route_record
 
 
@@ -26,14 +26,7 @@ def test_record_a_prompt_file_and_show_it(tmp_path: Path) -> None:
                        + json.dumps({"text": "def add(a, b):\n    return a + b"}) + "\nhello there\n", encoding="utf-8")
     out = tmp_path / "routes.json"
     out.write_text("an earlier record, replaced only once the new one is complete", encoding="utf-8")
-    srv = start(["--prompts", str(prompts), "--out", str(out), "--max-tokens", "5", "--demo"],
-                command=("experts", "record"))
-    try:
-        rc = srv.proc.wait(START_TIMEOUT_S)
-    finally:
-        stop(srv)
-    text = srv.text()
-    assert rc == 0, text[-6000:]
+    text = record_experts(["--prompts", str(prompts), "--out", str(out), "--max-tokens", "5", "--demo"])
     assert "prompt 3/3 done" in text and "winport: routed experts' route counts are written to" in text
     m = re.search(r"(\d+) MoE layers, (\d+) prefill and (\d+) decode tokens", text)
     assert m, text[-3000:]

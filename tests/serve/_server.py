@@ -74,6 +74,18 @@ def start(args: list[str], env: dict[str, str] | None = None, command: tuple[str
     return srv
 
 
+def record_experts(args: list[str]) -> str:
+    """Run `winport experts record *args` to its end and return what it printed (the test fails,
+    showing it, unless it exits 0)."""
+    srv = start(args, command=("experts", "record"))
+    try:
+        rc = srv.proc.wait(START_TIMEOUT_S)
+    finally:
+        stop(srv)
+    assert rc == 0, srv.text()[-6000:]
+    return srv.text()
+
+
 def wait_ready(srv: Server, timeout_s: float = START_TIMEOUT_S) -> None:
     """Wait for the ready line; fail the test with the server's output if it exits or times out."""
     deadline = time.monotonic() + timeout_s
