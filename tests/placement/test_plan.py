@@ -53,7 +53,15 @@ DENSE = 40 * LAYER + ROUTING + EMBED_HEAD + 5120 * 2 + COMPRESSORS + INDEXERS + 
 # paged bytes a token: 149,760 / 256 = 585 (ratio 1 and SWA), 74,880 / 128 = 585 (ratio 2); the FP4
 # indexer keys 128 / 2 + 128 / 32 = 68 B; owners: ratio 2 layers 2, 8, 14, ratio 1 layer 20
 KV_FULL = 3 * (585 + 68) / 2 + (585 + 68)  # 1,632.5
-KV_SWA = 0.1 * 585 * 40  # 2,340
+KV_SWA = 0.1 * 585 * 40  # 2,340 (ratio mode, --swa-full-tokens-ratio 0.1)
+# Cap mode, SGLang's default on CUDA (it sets max_running_requests 256 for DeepSeek-V4): a fixed SWA pool
+# of per request (window 128 + eviction interval 128 + two pages 512) x 256 = 196,608, plus two prefill
+# chunks in flight and a page (2 x 8192 + 256 = 16,640; 2 x 4096 + 256 = 8,448 for a chunk of 4096),
+# plus 4 x 256 cached prefix tails of window + page (1,024 x 384 = 393,216): 606,464 / 598,272 slots,
+# both whole pages, of 585 x 40 = 23,400 B each. 606,464 is the cap SGLang printed for the V4.1 demo
+# on the H200 (2026-12-03).
+SWA_SLOT = 585 * 40
+SWA_CAP = {8192: 196_608 + 16_640 + 393_216, 4096: 196_608 + 8_448 + 393_216}  # 606,464 / 598,272
 
 # --- activations: per token 6 x (3 x 2304 + 5120) x 2 + 2 x 64 x 512 x 2 + 3 x 4 x 5120 x 4 = 521,216 B,
 # x 1.25 (budget.ACTIVATION_SLACK, from the H200 measurement written there)
@@ -74,14 +82,17 @@ def test_v41_flash_sizes_by_hand(v41: tuple[dict, object]) -> None:
     assert (m.moe_layers, m.experts_per_layer) == (40, 384)
     assert m.engram_host == 2 * 384_000_000 * (256 + 8)
     kv = kv_bytes(cfg)
-    assert (kv.full, kv.swa) == (KV_FULL, KV_SWA)
+    assert (kv.full, kv.swa, kv.fixed) == (KV_FULL, KV_SWA, 0)
+    for chunk, cap in SWA_CAP.items():
+        kv = kv_bytes(cfg, cap_chunk=chunk)
+        assert (kv.full, kv.swa, kv.swa_cap_tokens, kv.fixed) == (KV_FULL, 0.0, cap, cap * SWA_SLOT)
     assert budget_mod.activation_bytes(cfg, 1) == ACT_TOKEN
 
 
 def _fixed(card_gib: int, context: int) -> int:
     """Everything but the experts, by hand: context, dense, KV, activations, graphs, load overhead."""
     chunk, max_bs = (8192, 256) if card_gib >= 90 else (4096, 48)
-    kv = int((KV_FULL + KV_SWA) * context)
+    kv = SWA_CAP[chunk] * SWA_SLOT + int(KV_FULL * context)
     return (budget_mod.CONTEXT_BYTES + DENSE + kv + ACT_TOKEN * chunk + ACT_TOKEN * max_bs
             + budget_mod.LOAD_OVERHEAD_BYTES)
 
@@ -90,12 +101,14 @@ def _fixed(card_gib: int, context: int) -> int:
 # an MXFP4 slot 40 x EXPERT_MXFP4 = 0.7520 GB.
 SLOT = {False: 40 * EXPERT_FP8 + EXPERT_MXFP4, True: 40 * EXPERT_MXFP4}
 # (card GiB, --vram-gib) -> slots a layer: FP8-dequantized and MXFP4-resident experts, 1M context.
-# 80 of 96: fixed = 0.805 context + 9.639 dense + 4.165 KV + 5.337 activations (8192 tokens) + 0.167
-# graphs (256) + 1.074 load = 21.188 GB; room 85.899 - 21.188 = 64.712 GB -> 64.712 / 1.4347 = 45.1 ->
-# 45 FP8 slots; / 0.7520 = 86.0 -> 86 MXFP4 slots.
-# 96 of 96: room 103.079 - 21.188 = 81.891 GB -> 57.1 and 108.9 -> 57 and 108.
-# 32 of 32 (a 5090: chunk 4096, graphs to 48): fixed 18.384 GB, room 15.976 GB -> 11.1 and 21.2 -> 11 and 21.
-PLANS = [(96, 80, 45, 86), (96, 96, 57, 108), (32, 32, 11, 21)]
+# 80 of 96: fixed = 0.805 context + 9.639 dense + 15.903 KV (14.191 SWA pool + 1.712 for 1M tokens)
+# + 5.337 activations (8192 tokens) + 0.167 graphs (256) + 1.074 load = 32.926 GB; room 85.899 - 32.926
+# = 52.973 GB -> 52.973 / 1.4347 = 36.9 -> 36 FP8 slots; / 0.7520 = 70.4 -> 70 MXFP4 slots.
+# (In ratio mode, before the cap was modelled: KV 4.165, 45 and 86.)
+# 96 of 96: room 103.079 - 32.926 = 70.153 GB -> 48.9 and 93.3 -> 48 and 93.
+# 32 of 32 (a 5090: chunk 4096, graphs to 48): KV 13.999 + 1.712; fixed 29.931 GB, room 34.360 - 29.931
+# = 4.429 GB -> 3.1 and 5.9 -> 3 and 5.
+PLANS = [(96, 80, 36, 70), (96, 96, 48, 93), (32, 32, 3, 5)]
 
 
 @pytest.mark.parametrize(("card", "vram", "fp8_slots", "mxfp4_slots"), PLANS)
@@ -113,7 +126,9 @@ def test_v41_flash_plans(v41: tuple[dict, object], card: int, vram: int, fp8_slo
         assert f"Experts: {want} of 384 a layer on the GPU" in text
         assert f"{384 - want} a layer in kt-kernel" in text
         # SGLang's fraction covers weights + KV: dense + experts + KV over the card less its context
-        static = (DENSE + want * 40 * (EXPERT_MXFP4 if mxfp4 else EXPERT_FP8) + int((KV_FULL + KV_SWA) * 1048576)
+        chunk = 8192 if card >= 90 else 4096
+        static = (DENSE + want * 40 * (EXPERT_MXFP4 if mxfp4 else EXPERT_FP8)
+                  + SWA_CAP[chunk] * SWA_SLOT + int(KV_FULL * 1048576)
                   + budget_mod.LOAD_OVERHEAD_BYTES + (0 if mxfp4 else want * EXPERT_MXFP4))
         assert math.isclose(plan.mem_fraction_static, static / (card * GIB - budget_mod.CONTEXT_BYTES))
 
@@ -128,9 +143,9 @@ def test_a_budget_that_holds_every_expert_needs_no_kt_kernel(v41: tuple[dict, ob
     ({"vram_gib": 120}, "more than GPU has: 96.00 GiB"),
     ({"vram_gib": 0}, "positive"),
     ({"vram_gib": float("nan")}, "positive"),
-    ({"vram_gib": 12}, r"--vram-gib 12: below what the server needs before any routed expert, 19\.73 GiB .*"
-                       r"KV cache for 1048576 tokens 3\.88 GiB.*give at least 19\.8 GiB or a shorter --context-length"),
-    ({"vram_gib": 80, "gpu_experts": 50}, r"--gpu-experts 50 needs 66\.81 GiB .* room for 45 a layer"),
+    ({"vram_gib": 12}, r"--vram-gib 12: below what the server needs before any routed expert, 30\.66 GiB .*"
+                       r"KV cache for 1048576 tokens 14\.81 GiB.*give at least 30\.7 GiB or a shorter --context-length"),
+    ({"vram_gib": 80, "gpu_experts": 50}, r"--gpu-experts 50 needs 66\.81 GiB .* room for 36 a layer"),
     ({"vram_gib": 80, "gpu_experts": 400}, "0 to 384"),
     ({"vram_gib": 80, "host_bytes": 256 * GIB}, r"host RAM: kt-kernel needs 284\.77 GiB .* has 256\.00 GiB"),
 ])
@@ -204,11 +219,11 @@ def test_winport_plan_prints_the_budget(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--mxfp4"]) == 0
     out = capsys.readouterr().out
     for line in ("GPU budget 80.00 GiB of a 96 GiB card", "dense weights", "KV cache", "activations", "CUDA graphs",
-                 "GPU experts", "Experts: 86 of 384 a layer on the GPU (MXFP4", "Host RAM: kt-kernel holds all 15360",
+                 "GPU experts", "Experts: 70 of 384 a layer on the GPU (MXFP4", "Host RAM: kt-kernel holds all 15360",
                  "Engram tables: 188.83 GiB"):
         assert line in out
     assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--fp8"]) == 0
-    assert "Experts: 45 of 384" in capsys.readouterr().out
+    assert "Experts: 36 of 384" in capsys.readouterr().out
 
 
 def test_winport_plan_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,9 +280,9 @@ def test_serve_vram_gib_places_the_experts(tmp_path: Path, monkeypatch: pytest.M
     plan = command.build_plan(["--model", str(folder), "--vram-gib", "80"])
     out = capsys.readouterr().out
     assert "winport serve: GPU budget 80.00 GiB of RTX PRO 6000 (pretended)" in out
-    assert "winport serve: Experts: 45 of 384 a layer on the GPU" in out
+    assert "winport serve: Experts: 36 of 384 a layer on the GPU" in out
     argv = plan.argv
-    assert argv[argv.index("--kt-num-gpu-experts") + 1] == "45"
+    assert argv[argv.index("--kt-num-gpu-experts") + 1] == "36"
     assert float(argv[argv.index("--mem-fraction-static") + 1]) == pytest.approx(plan.placement.mem_fraction_static,
                                                                                  abs=1e-5)
     with pytest.raises(command.ServeError, match="--gpu-experts 60 needs"):

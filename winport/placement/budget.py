@@ -106,7 +106,7 @@ class Inputs:
     gpu_mxfp4: bool = False  # resident experts stay MXFP4 (winport's Triton W4A16 kernel)
     gpu_experts: int | None = None  # --gpu-experts N: the slots per layer, checked against the budget
     staging_bytes: int = 0  # prefill staging buffers for streamed CPU experts
-    swa_ratio: float = DEFAULT_SWA_RATIO
+    swa_ratio: float | None = None  # --swa-full-tokens-ratio; None: SGLang's cap-mode SWA pool (its default)
     card_name: str = "GPU"
 
 
@@ -165,6 +165,13 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _kv_how(kv: Any, tokens: int) -> str:
+    if kv.swa_cap_tokens:
+        return (f"{tokens} tokens x {kv.full:.0f} B (compressed pools) + SWA pool of {kv.swa_cap_tokens} slots x "
+                f"{kv.swa_slot:.0f} B (SGLang's cap for its 256 running requests)")
+    return f"{tokens} tokens x {kv.per_token:.0f} B (compressed pools {kv.full:.0f} B + SWA {kv.swa:.0f} B a token)"
+
+
 def make_plan(inp: Inputs) -> Plan:
     """The plan for `inp`; PlanError when the budget cannot hold the model's GPU part."""
     from winport.placement.model_bytes import with_defaults
@@ -179,8 +186,9 @@ def make_plan(inp: Inputs) -> Plan:
     context = inp.context_length or int(cfg.get("max_position_embeddings") or 0)
     if context <= 0:
         raise PlanError("the context length is unknown: give --context-length")
-    kv = kv_bytes(cfg, inp.swa_ratio, draft=inp.draft_bytes > 0)
     chunk = prefill_chunk(card)
+    kv = kv_bytes(cfg, inp.swa_ratio or DEFAULT_SWA_RATIO, draft=inp.draft_bytes > 0,
+                  cap_chunk=chunk if inp.swa_ratio is None else None)
     max_bs = decode_graph_max_bs(card)
     tokens = max(context, MIN_KV_TOKENS)
     plan = Plan(inputs=inp, budget=budget, kv_tokens=tokens, chunk=chunk)
@@ -193,8 +201,7 @@ def make_plan(inp: Inputs) -> Plan:
     if inp.mmproj_bytes:
         plan.lines.append(("vision tower", inp.mmproj_bytes, "mmproj as served"))
     plan.lines += [
-        ("KV cache", int(kv.per_token * tokens),
-         f"{tokens} tokens x {kv.per_token:.0f} B (compressed pools {kv.full:.0f} B + SWA {kv.swa:.0f} B a token)"),
+        ("KV cache", kv.total(tokens), _kv_how(kv, tokens)),
         ("activations", activation_bytes(cfg, chunk), f"one chunked-prefill chunk of {chunk} tokens"),
         ("CUDA graphs", activation_bytes(cfg, max_bs), f"decode batches up to {max_bs}"),
     ]
@@ -210,7 +217,7 @@ def make_plan(inp: Inputs) -> Plan:
         what = f"--vram-gib {inp.vram_gib:g}" if inp.vram_gib is not None else f"{inp.card_name}'s {gib(card)}"
         raise PlanError(
             f"{what}: below what the server needs before any routed expert, {gib(fixed)} "
-            f"(dense weights {gib(m.dense_gpu)}, KV cache for {tokens} tokens {gib(kv.per_token * tokens)}, "
+            f"(dense weights {gib(m.dense_gpu)}, KV cache for {tokens} tokens {gib(kv.total(tokens))}, "
             f"activations and graphs {gib(activation_bytes(cfg, chunk) + activation_bytes(cfg, max_bs))}, "
             f"context {gib(CONTEXT_BYTES)}, load overhead {gib(LOAD_OVERHEAD_BYTES)}); give at least {math.ceil(fixed / GIB * 10) / 10:g} GiB or a "
             "shorter --context-length")

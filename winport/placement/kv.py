@@ -7,13 +7,16 @@ pages padded to 576-byte rows: kernels_triton.formats.v4_page_bytes), the SWA po
 ratio of the full pool (DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO = 0.1 unless --swa-full-tokens-ratio),
 compressed storage owned by the ratio-4/128 layers (V4) or by the kv-source layers of ratio 1/2
 (V4.1), and V4.1's low-ratio indexer keys in FP4 (index_head_dim / 2 + index_head_dim / 32 bytes).
-Not modelled: the encoder-replay request windows, the c4/c128 compress-state rings and the
-per-layer padding page (small next to the pools), and the cap-mode SWA pool, which is NOT small and IS
-on the default path: SGLang sets max_running_requests 256 for DeepSeek-V4, and with chunked prefill
-it then sizes the SWA pool from compute_swa_request_cap plus 4 x max_running_requests prefix tails
-(606,464 tokens at window 128; measured on the H200 2026-12-03: 1.98 GB for the V4.1 demo, which
-made SGLang refuse a 6 GiB plan). Open in issue 24. With DSpark SGLang inflates every per-token
-figure by (target layers + 1) / target layers, as here.
+On CUDA SGLang sets max_running_requests 256 for DeepSeek-V4 itself, and with chunked prefill that
+puts the SWA pool in cap mode (pool_configurator.py _resolve_swa_cap_tokens, compute_swa_request_cap):
+a fixed pool of `swa_cap_tokens` slots, sized from the request cap and 4 x max_running_requests cached
+prefix tails, and no SWA share per full token; measured on the H200 (2026-12-03): 606,464 slots,
+1.98 GiB for the V4.1 demo, exactly this module's figure. The ratio mode stays for --swa-full-tokens-ratio.
+Not modelled (small next to the pools): the encoder-replay request windows, the c4/c128 compress-state
+rings (V4's ratio-4 layers price c4 state per SWA slot too; V4.1 has no ratio-4 layer) and the
+per-layer padding page. With DSpark SGLang inflates every per-token figure by (target layers + 1) /
+target layers, as here, and its verify blocks widen the cap's eviction term (draft_tokens); its
+decode allocation under speculation is taken as one page, as without it (not checked).
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from kernels_triton.formats import v4_page_bytes
 
 PAGE = 256  # SGLang hard-codes page_size 256 for DeepSeek-V4 (arg_groups/model_overrides/deepseek_v4.py)
 DEFAULT_SWA_RATIO = 0.1  # pool_configurator.DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO
+MAX_RUNNING_REQUESTS = 256  # what SGLang 0.5.23 sets for DeepseekV4ForCausalLM ("Setting max_running_requests to 256")
+SWA_EVICTION_INTERVAL = 128  # SGLang's SGLANG_SWA_EVICTION_INTERVAL default
+PREFIX_TAILS_PER_REQUEST = 4  # cached prefix tails cap mode keeps per running request (radix cache on)
+DEFAULT_WINDOW = 128  # DeepSeek-V4.x sliding_window
 
 
 def _paged(ratio: int) -> float:
@@ -59,16 +66,43 @@ class KVBytes:
     """Bytes one token of context adds to the KV pools (full and SWA share, in SGLang's sizing)."""
 
     full: float  # compressed pools (and indexer keys) per full token
-    swa: float  # SWA pool per full token (swa_ratio x the SWA bytes of a slot)
+    swa: float  # SWA pool per full token (ratio mode: swa_ratio x the SWA bytes of a slot; cap mode: 0)
+    swa_cap_tokens: int = 0  # cap mode: the SWA pool's slots, whatever the context
+    swa_slot: float = 0.0  # bytes of one SWA slot across the layers
+
+    @property
+    def fixed(self) -> int:
+        """Bytes of the cap-mode SWA pool (0 in ratio mode)."""
+        return int(self.swa_cap_tokens * self.swa_slot)
 
     @property
     def per_token(self) -> float:
-        """All pools together, per token of context."""
+        """The pools that grow with the context, per token of it."""
         return self.full + self.swa
 
+    def total(self, tokens: int) -> int:
+        """Bytes of every pool for `tokens` of context."""
+        return self.fixed + int(self.per_token * tokens)
 
-def kv_bytes(config: dict[str, Any], swa_ratio: float = DEFAULT_SWA_RATIO, draft: bool = False) -> KVBytes:
-    """KV bytes per token of `config` (module docstring for what is and is not counted)."""
+
+def swa_cap_tokens(config: dict[str, Any], chunk: int, max_running: int = MAX_RUNNING_REQUESTS,
+                   draft_tokens: int = 1, radix_cache: bool = True, overlap: bool = True) -> int:
+    """SGLang's cap-mode SWA slots: per running request its window, an eviction interval of verify
+    tokens and two pages (padding, the decode allocation), plus `chunk` tokens for each prefill chunk
+    in flight (2 with the overlap scheduler) and a page, plus 4 x max_running cached prefix tails of a
+    window and a page each; rounded up to whole pages."""
+    window = int(config.get("sliding_window") or DEFAULT_WINDOW)
+    per_request = window + SWA_EVICTION_INTERVAL * draft_tokens + PAGE + PAGE
+    cap = per_request * max_running + (2 if overlap else 1) * chunk + PAGE
+    tails = PREFIX_TAILS_PER_REQUEST * max_running if radix_cache else 0
+    cap += tails * (window + PAGE)
+    return -(-cap // PAGE) * PAGE
+
+
+def kv_bytes(config: dict[str, Any], swa_ratio: float = DEFAULT_SWA_RATIO, draft: bool = False,
+             cap_chunk: int | None = None) -> KVBytes:
+    """KV bytes of `config` (module docstring for what is and is not counted): cap mode, SGLang's default
+    on CUDA, when `cap_chunk` (the chunked-prefill size) is given, else ratio mode with `swa_ratio`."""
     layers = int(config["num_hidden_layers"])
     idx_dim = int(config.get("index_head_dim", 128))
     full = 0.0
@@ -80,8 +114,12 @@ def kv_bytes(config: dict[str, Any], swa_ratio: float = DEFAULT_SWA_RATIO, draft
         else:
             per_layer = _paged(128) / 128
         full += per_layer * len(owners)
-    swa = swa_ratio * _paged(0) * layers
+    slot = _paged(0) * layers
     if draft:
         scale = (layers + 1) / layers
-        full, swa = full * scale, swa * scale
-    return KVBytes(full=full, swa=swa)
+        full, slot = full * scale, slot * scale
+    if cap_chunk is None:
+        return KVBytes(full=full, swa=swa_ratio * slot, swa_slot=slot)
+    block = int(config.get("dspark_block_size") or 1) if draft else 1
+    return KVBytes(full=full, swa=0.0, swa_cap_tokens=swa_cap_tokens(config, cap_chunk, draft_tokens=block),
+                   swa_slot=slot)
