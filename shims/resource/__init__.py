@@ -1,10 +1,11 @@
 """Stand-in for the POSIX-only `resource` module, for SGLang's `set_ulimit` on Windows.
 
 SGLang 0.5.23 imports `resource` unconditionally (srt/utils/common.py) and raises the open-file
-and stack limits at start-up; prometheus_client (SGLang's --enable-metrics) calls getpagesize()
-at import, and falls back to 4096 only on ImportError, which this module's presence prevents. Windows has no per-process rlimits of these kinds (handles are
+and stack limits at start-up. Windows has no per-process rlimits of these kinds (handles are
 bounded by the kernel, thread stacks are set per thread), so the limits read as unlimited and
-setting them is accepted and changes nothing.
+setting them is accepted and changes nothing. prometheus_client (SGLang's --enable-metrics) calls
+getpagesize() at import and falls back to 4096 only on ImportError, which this module's presence
+prevents: getpagesize is here too.
 """
 
 from __future__ import annotations

@@ -72,6 +72,11 @@ class RouteTally:
         out["tokens"] = {kind: rows[row][self.num_experts + 1] for kind, row in zip(STEP_KINDS, (PREFILL, DECODE), strict=True)}
         return out
 
+    def routes(self) -> LayerRoutes:
+        """This layer's counts as the record holds them."""
+        entry = self.read()
+        return LayerRoutes(entry["prefill"], entry["decode"], entry["tokens"])  # type: ignore[arg-type]
+
 
 @dataclass(frozen=True)
 class LayerRoutes:
@@ -144,9 +149,8 @@ def load(path: Path, num_experts: int | None = None) -> RouteRecord:
     if not isinstance(e, int) or e < 1 or not isinstance(k, int) or not 1 <= k <= e:
         raise RecordError(f"route record {path}: fields 'num_experts' ({e!r}) and 'top_k' ({k!r}) must be "
                           "integers with 1 <= top_k <= num_experts")
-    if num_experts is not None and e != num_experts:
-        raise RecordError(f"route record {path}: field 'num_experts' is {e}, but the model has {num_experts} "
-                          "routed experts a layer: recorded from another model")
+    if num_experts is not None:
+        _check_experts(e, num_experts, f"route record {path}")
     layers_in = data.get("layers")
     if not isinstance(layers_in, dict) or not layers_in:
         raise RecordError(f"route record {path}: field 'layers' must map layer ids to route counts")
@@ -164,13 +168,16 @@ def load(path: Path, num_experts: int | None = None) -> RouteRecord:
     return RouteRecord(e, k, layers)
 
 
+def _check_experts(recorded: int, model: object, source: object) -> None:
+    if recorded != model:
+        raise RecordError(f"{source}: field 'num_experts' is {recorded}, but the model has {model} "
+                          "routed experts a layer: recorded from another model")
+
+
 def check_model(record: RouteRecord, config: dict[str, object], source: object) -> None:
     """Refuse a record whose layers or expert count do not fit the model's config.json (DeepSeek-V4
     keys: n_routed_experts, num_hidden_layers, first_k_dense_replace)."""
-    experts = config.get("n_routed_experts")
-    if experts != record.num_experts:
-        raise RecordError(f"{source}: field 'num_experts' is {record.num_experts}, but the model has {experts} "
-                          "routed experts a layer: recorded from another model")
+    _check_experts(record.num_experts, config.get("n_routed_experts"), source)
     first, last = config.get("first_k_dense_replace") or 0, config.get("num_hidden_layers")
     if isinstance(first, int) and isinstance(last, int) and config.get("moe_layer_freq", 1) == 1:
         missing = [i for i in range(first, last) if i not in record.layers]
@@ -219,10 +226,7 @@ class RouteRecorder:
         self.dirty = False
         if any(t.counts.is_cuda for t in self.tallies.values()):
             torch.cuda.synchronize()  # idle: the last step's counters are complete once its stream is
-        layers = {}
-        for layer_id, tally in self.tallies.items():
-            entry = tally.read()
-            layers[layer_id] = LayerRoutes(entry["prefill"], entry["decode"], entry["tokens"])  # type: ignore[arg-type]
+        layers = {layer_id: tally.routes() for layer_id, tally in self.tallies.items()}
         save(RouteRecord(self.num_experts, self.top_k, layers), self.path)
         self.writes += 1
         return True

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from winport.placement.kv import DEFAULT_SWA_RATIO, kv_bytes
+from winport.placement.kv import DEFAULT_SWA_RATIO, KVBytes, kv_bytes
 from winport.placement.model_bytes import ModelBytes
 
 GIB = 1024**3
@@ -165,7 +165,7 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _kv_how(kv: Any, tokens: int) -> str:
+def _kv_how(kv: KVBytes, tokens: int) -> str:
     if kv.swa_cap_tokens:
         return (f"{tokens} tokens x {kv.full:.0f} B (compressed pools) + SWA pool of {kv.swa_cap_tokens} slots x "
                 f"{kv.swa_slot:.0f} B (SGLang's cap for its 256 running requests)")
