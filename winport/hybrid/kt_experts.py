@@ -23,7 +23,8 @@ torch and `forward()` then returns all zeros with no error; only KT_FORCE_SYNC_S
 its synchronous path. `submit` refuses CPU tensors without it (:class:`SilentZeroPathError`).
 CUDA tensors: `submit_forward` / `sync_forward` with the current stream (host functions on the
 stream: capturable in CUDA graphs; SGLang's decode graph runner calls
-KTMoEWrapper.set_capture_batch_sizes so the staging buffers stay fixed per batch size).
+KTMoEWrapper.set_capture_batch_sizes so the staging buffers stay fixed per batch size; that list
+counts requests, not tokens, so winport.hybrid.kt_capture_buffers keeps every buffer a capture used).
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def import_kt() -> Any:
         cpu_pin_memory.apply()
     with keep_denormal_mode():
         import kt_kernel
+    from winport.hybrid import kt_capture_buffers
 
+    kt_capture_buffers.apply()
     return kt_kernel
 
 
