@@ -62,6 +62,9 @@ KV_SWA = 0.1 * 585 * 40  # 2,340 (ratio mode, --swa-full-tokens-ratio 0.1)
 # on the H200 (2026-12-03).
 SWA_SLOT = 585 * 40
 SWA_CAP = {8192: 196_608 + 16_640 + 393_216, 4096: 196_608 + 8_448 + 393_216}  # 606,464 / 598,272
+# At winport's workstation cap of 16 running requests (kv.WORKSTATION_RUNNING_REQUESTS): 768 x 16 = 12,288
+# + the chunks as above + 4 x 16 tails x 384 = 24,576: 53,504 / 45,312 slots (1.2520 / 1.0603 GB).
+SWA_CAP_16 = {8192: 12_288 + 16_640 + 24_576, 4096: 12_288 + 8_448 + 24_576}  # 53,504 / 45,312
 
 # --- activations: per token 6 x (3 x 2304 + 5120) x 2 + 2 x 64 x 512 x 2 + 3 x 4 x 5120 x 4 = 521,216 B,
 # x 1.25 (budget.ACTIVATION_SLACK, from the H200 measurement written there)
@@ -89,10 +92,10 @@ def test_v41_flash_sizes_by_hand(v41: tuple[dict, object]) -> None:
     assert budget_mod.activation_bytes(cfg, 1) == ACT_TOKEN
 
 
-def _fixed(card_gib: int, context: int) -> int:
+def _fixed(card_gib: int, context: int, running: int = 256) -> int:
     """Everything but the experts, by hand: context, dense, KV, activations, graphs, load overhead."""
     chunk, max_bs = (8192, 256) if card_gib >= 90 else (4096, 48)
-    kv = SWA_CAP[chunk] * SWA_SLOT + int(KV_FULL * context)
+    kv = (SWA_CAP if running == 256 else SWA_CAP_16)[chunk] * SWA_SLOT + int(KV_FULL * context)
     return (budget_mod.CONTEXT_BYTES + DENSE + kv + ACT_TOKEN * chunk + ACT_TOKEN * max_bs
             + budget_mod.LOAD_OVERHEAD_BYTES)
 
@@ -109,6 +112,33 @@ SLOT = {False: 40 * EXPERT_FP8 + EXPERT_MXFP4, True: 40 * EXPERT_MXFP4}
 # 32 of 32 (a 5090: chunk 4096, graphs to 48): KV 13.999 + 1.712; fixed 29.931 GB, room 34.360 - 29.931
 # = 4.429 GB -> 3.1 and 5.9 -> 3 and 5.
 PLANS = [(96, 80, 36, 70), (96, 96, 48, 93), (32, 32, 3, 5)]
+# The same at 16 running requests (what `winport serve` and `winport plan` use on CUDA by default): the
+# SWA pool is 1.252 GB, not 14.191 (1.060, not 13.999, at chunk 4096).
+# 80 of 96: fixed 32.926 - 14.191 + 1.252 = 19.987 GB; room 85.899 - 19.987 = 65.912 -> / 1.4347 = 45.9
+# -> 45 FP8 slots; / 0.7520 = 87.6 -> 87 MXFP4. 96 of 96: room 103.079 - 19.987 = 83.092 -> 57.9 and
+# 110.5 -> 57 and 110. 32 of 32: fixed 29.931 - 13.999 + 1.060 = 16.992; room 34.360 - 16.992 = 17.368
+# -> 12.1 and 23.1 -> 12 and 23.
+PLANS_16 = [(96, 80, 45, 87), (96, 96, 57, 110), (32, 32, 12, 23)]
+
+
+@pytest.mark.parametrize(("card", "vram", "fp8_slots", "mxfp4_slots"), PLANS_16)
+def test_v41_flash_plans_at_the_workstation_cap(v41: tuple[dict, object], card: int, vram: int, fp8_slots: int,
+                                                mxfp4_slots: int) -> None:
+    from winport.placement.kv import WORKSTATION_RUNNING_REQUESTS
+
+    cfg, m = v41
+    assert WORKSTATION_RUNNING_REQUESTS == 16
+    for mxfp4, want in ((False, fp8_slots), (True, mxfp4_slots)):
+        plan = make_plan(Inputs(config=cfg, sizes=m, card_bytes=card * GIB, host_bytes=512 * GIB,
+                                vram_gib=vram, gpu_mxfp4=mxfp4, max_running=16))
+        assert plan.slots == want == (vram * GIB - _fixed(card, 1048576, 16)) // SLOT[mxfp4]
+        assert "SGLang's cap for 16 running requests" in plan.describe()
+
+
+def test_running_requests_below_one_are_refused(v41: tuple[dict, object]) -> None:
+    cfg, m = v41
+    with pytest.raises(PlanError, match="--max-running-requests must be at least 1, got 0"):
+        make_plan(Inputs(config=cfg, sizes=m, card_bytes=96 * GIB, host_bytes=512 * GIB, max_running=0))
 
 
 @pytest.mark.parametrize(("card", "vram", "fp8_slots", "mxfp4_slots"), PLANS)
@@ -219,10 +249,14 @@ def test_winport_plan_prints_the_budget(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--mxfp4"]) == 0
     out = capsys.readouterr().out
     for line in ("GPU budget 80.00 GiB of a 96 GiB card", "dense weights", "KV cache", "activations", "CUDA graphs",
-                 "GPU experts", "Experts: 70 of 384 a layer on the GPU (MXFP4", "Host RAM: kt-kernel holds all 15360",
+                 "GPU experts", "Experts: 87 of 384 a layer on the GPU (MXFP4", "Host RAM: kt-kernel holds all 15360",
+                 "SGLang's cap for 16 running requests",
                  "Engram tables: 188.83 GiB"):
         assert line in out
     assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--fp8"]) == 0
+    assert "Experts: 45 of 384" in capsys.readouterr().out
+    assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--fp8",
+                 "--max-running-requests", "256"]) == 0
     assert "Experts: 36 of 384" in capsys.readouterr().out
 
 
@@ -280,11 +314,15 @@ def test_serve_vram_gib_places_the_experts(tmp_path: Path, monkeypatch: pytest.M
     plan = command.build_plan(["--model", str(folder), "--vram-gib", "80"])
     out = capsys.readouterr().out
     assert "winport serve: GPU budget 80.00 GiB of RTX PRO 6000 (pretended)" in out
-    assert "winport serve: Experts: 36 of 384 a layer on the GPU" in out
+    assert "winport serve: Experts: 45 of 384 a layer on the GPU" in out  # PLANS_16: the workstation cap
     argv = plan.argv
-    assert argv[argv.index("--kt-num-gpu-experts") + 1] == "36"
+    assert argv[argv.index("--kt-num-gpu-experts") + 1] == "45"
+    assert argv[argv.index("--max-running-requests") + 1] == "16"
     assert float(argv[argv.index("--mem-fraction-static") + 1]) == pytest.approx(plan.placement.mem_fraction_static,
                                                                                  abs=1e-5)
+    wide = command.build_plan(["--model", str(folder), "--vram-gib", "80", "--max-running-requests", "256"])
+    assert wide.argv[wide.argv.index("--kt-num-gpu-experts") + 1] == "36"  # PLANS: SGLang's own cap
+    assert wide.argv[wide.argv.index("--max-running-requests") + 1] == "256"
     with pytest.raises(command.ServeError, match="--gpu-experts 60 needs"):
         command.build_plan(["--model", str(folder), "--vram-gib", "80", "--gpu-experts", "60"])
     with pytest.raises(command.ServeError, match="below what the server needs"):
@@ -292,14 +330,28 @@ def test_serve_vram_gib_places_the_experts(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_memory_report_compares_sglangs_figures_with_the_plan(v41: tuple[dict, object]) -> None:
-    from winport.placement.actual import compare
+    from winport.placement.actual import compare, expected_tokens
 
     cfg, m = v41
     plan = make_plan(Inputs(config=cfg, sizes=m, card_bytes=96 * GIB, host_bytes=512 * GIB, vram_gib=80))
     info = {"internal_states": [{"memory_usage": {"weight": 71.2, "kvcache": 3.5, "token_capacity": 900000,
                                                   "graph": {"decode": 0.3, "prefill": 0.0}}}]}
+    tensors = sum(b for w, b, _ in plan.lines if w in ("dense weights", "GPU experts")) / GIB
+    reserve = sum(b for w, b, _ in plan.lines if w == "load overhead") / GIB
     lines = compare(plan, info)
-    assert lines[0].startswith("GPU as loaded vs planned: weights 71.20 vs ")
-    assert "(900000 vs 1048576 tokens)" in lines[0] and "CUDA graphs 0.30 vs 0.16 GiB" in lines[0]
-    assert "fewer than the 1048576 planned" in lines[1]
+    assert lines[0].startswith(f"GPU as loaded vs planned: weights 71.20 vs {tensors:.2f} GiB of tensors + "
+                               f"{reserve:.2f} GiB reserved for loading")
+    # 71.20 GiB held is more than tensors + reserve: the expected tokens fall below the plan's by the excess
+    over = 71.2 - tensors - reserve
+    assert over > 0
+    expect = 1048576 - int(over * GIB / KV_FULL)
+    assert expected_tokens(plan, 71.2) == expect
+    assert f"KV cache 900000 vs {expect} tokens (the plan's 1048576" in lines[0]
+    assert "CUDA graphs 0.30 vs 0.16 GiB" in lines[0]
+    assert "more than the" in lines[1] and "fewer than the 1048576 planned" in lines[2]
+    # Weights that use half the reserve leave the other half to the KV pool, at KV_FULL bytes a token.
+    half = tensors + reserve / 2
+    assert expected_tokens(plan, half) == 1048576 + int(reserve / 2 * GIB / KV_FULL)
+    info["internal_states"][0]["memory_usage"].update(weight=half, token_capacity=1100000)
+    assert len(compare(plan, info)) == 1
     assert compare(plan, {}) == ["SGLang's /server_info reports no memory_usage; the plan cannot be checked"]

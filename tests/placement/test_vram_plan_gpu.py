@@ -36,10 +36,14 @@ def test_demo_plan_against_what_the_gpu_holds() -> None:
         text = srv.text()
     print("\n".join(ln for ln in text.splitlines() if "GiB" in ln or "Experts:" in ln))
     assert f"GPU budget {BUDGET_GIB:.2f} GiB" in text
-    w_held, w_plan, kv_held, kv_plan, tok_held, tok_plan = _floats(
-        r"weights ([\d.]+) vs ([\d.]+) GiB; KV cache ([\d.]+) vs ([\d.]+) GiB \((\d+) vs (\d+) tokens\)", text)
+    w_held, tensors, reserve, tok_held, tok_expect = _floats(
+        r"weights ([\d.]+) vs ([\d.]+) GiB of tensors \+ ([\d.]+) GiB reserved for loading; "
+        r"KV cache (\d+) vs (\d+) tokens", text)
     (held, budget) = _floats(r"processes hold ([\d.]+) GiB of the GPU \(nvidia-smi\), budget ([\d.]+) GiB", text)
     assert held <= budget, f"the server holds {held} GiB, over its budget of {budget} GiB"
-    assert abs(w_held - w_plan) <= max(0.05 * w_plan, 0.25), (w_held, w_plan)
-    assert 0.8 * tok_plan <= tok_held <= 1.5 * tok_plan, (tok_held, tok_plan)
-    assert kv_held > 0 and kv_plan > 0
+    # SGLang's weight figure is free memory before minus after loading: the tensors (to its 2-decimal
+    # print) and what loading leaves allocated, which the plan's reserve must cover.
+    assert tensors - 0.01 <= w_held <= tensors + reserve, (w_held, tensors, reserve)
+    # The pool gets the fraction's rest; SGLang rounds the fraction it is given and allocates a little
+    # between its two measurements: measured 0.93x of the expected tokens (H200, 2026-12-03), so 15%.
+    assert 0.85 * tok_expect <= tok_held <= 1.15 * tok_expect, (tok_held, tok_expect)

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from winport.placement.kv import DEFAULT_SWA_RATIO, KVBytes, kv_bytes
+from winport.placement.kv import DEFAULT_SWA_RATIO, MAX_RUNNING_REQUESTS, KVBytes, kv_bytes
 from winport.placement.model_bytes import ModelBytes
 
 GIB = 1024**3
@@ -107,6 +107,7 @@ class Inputs:
     gpu_experts: int | None = None  # --gpu-experts N: the slots per layer, checked against the budget
     staging_bytes: int = 0  # prefill staging buffers for streamed CPU experts
     swa_ratio: float | None = None  # --swa-full-tokens-ratio; None: SGLang's cap-mode SWA pool (its default)
+    max_running: int = MAX_RUNNING_REQUESTS  # --max-running-requests: sizes the cap-mode SWA pool
     card_name: str = "GPU"
 
 
@@ -122,6 +123,7 @@ class Plan:
     chunk: int = 0
     host_experts: int = 0
     mem_fraction_static: float = 0.0
+    kv: KVBytes | None = None  # the KV layout the KV line was priced with
 
     @property
     def static_bytes(self) -> int:
@@ -165,10 +167,10 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def _kv_how(kv: KVBytes, tokens: int) -> str:
+def _kv_how(kv: KVBytes, tokens: int, max_running: int) -> str:
     if kv.swa_cap_tokens:
         return (f"{tokens} tokens x {kv.full:.0f} B (compressed pools) + SWA pool of {kv.swa_cap_tokens} slots x "
-                f"{kv.swa_slot:.0f} B (SGLang's cap for its 256 running requests)")
+                f"{kv.swa_slot:.0f} B (SGLang's cap for {max_running} running requests)")
     return f"{tokens} tokens x {kv.per_token:.0f} B (compressed pools {kv.full:.0f} B + SWA {kv.swa:.0f} B a token)"
 
 
@@ -187,11 +189,13 @@ def make_plan(inp: Inputs) -> Plan:
     if context <= 0:
         raise PlanError("the context length is unknown: give --context-length")
     chunk = prefill_chunk(card)
+    if inp.max_running < 1:
+        raise PlanError(f"--max-running-requests must be at least 1, got {inp.max_running}")
     kv = kv_bytes(cfg, inp.swa_ratio or DEFAULT_SWA_RATIO, draft=inp.draft_bytes > 0,
-                  cap_chunk=chunk if inp.swa_ratio is None else None)
+                  cap_chunk=chunk if inp.swa_ratio is None else None, max_running=inp.max_running)
     max_bs = decode_graph_max_bs(card)
     tokens = max(context, MIN_KV_TOKENS)
-    plan = Plan(inputs=inp, budget=budget, kv_tokens=tokens, chunk=chunk)
+    plan = Plan(inputs=inp, budget=budget, kv_tokens=tokens, chunk=chunk, kv=kv)
     plan.lines = [
         ("CUDA context", CONTEXT_BYTES, "CUDA, cuBLAS and Triton modules before any weight"),
         ("dense weights", m.dense_gpu, f"FP8 blocks + bf16/fp32 small tensors; embedding and head {gib(m.embed_head)}"),
@@ -201,7 +205,7 @@ def make_plan(inp: Inputs) -> Plan:
     if inp.mmproj_bytes:
         plan.lines.append(("vision tower", inp.mmproj_bytes, "mmproj as served"))
     plan.lines += [
-        ("KV cache", kv.total(tokens), _kv_how(kv, tokens)),
+        ("KV cache", kv.total(tokens), _kv_how(kv, tokens, inp.max_running)),
         ("activations", activation_bytes(cfg, chunk), f"one chunked-prefill chunk of {chunk} tokens"),
         ("CUDA graphs", activation_bytes(cfg, max_bs), f"decode batches up to {max_bs}"),
     ]

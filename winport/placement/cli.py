@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from winport.placement.budget import GIB, Inputs, Plan, PlanError, make_plan
+from winport.placement.kv import WORKSTATION_RUNNING_REQUESTS
 from winport.placement.source import ModelSource, SourceError, read_source
 
 
@@ -29,8 +30,9 @@ def host_ram() -> int:
 
 def plan_for(source: ModelSource, *, vram_gib: float | None, context_length: int | None,
              gpu_experts: int | None, card_bytes: int, card_name: str, host_bytes: int,
-             gpu_mxfp4: bool | None = None) -> Plan:
-    """The plan of `source` on a card and host of these sizes (gpu_mxfp4 None: the launch policy's)."""
+             gpu_mxfp4: bool | None = None, max_running: int = WORKSTATION_RUNNING_REQUESTS) -> Plan:
+    """The plan of `source` on a card and host of these sizes (gpu_mxfp4 None: the launch policy's), for
+    `max_running` requests at once."""
     from winport.placement.model_bytes import model_bytes
     from winport.platform.launch_policy import gpu_mxfp4_moe
 
@@ -38,7 +40,7 @@ def plan_for(source: ModelSource, *, vram_gib: float | None, context_length: int
         config=source.config, sizes=model_bytes(source.config), card_bytes=card_bytes, host_bytes=host_bytes,
         vram_gib=vram_gib, context_length=context_length, draft_bytes=source.draft_bytes,
         mmproj_bytes=source.mmproj_bytes, gpu_mxfp4=gpu_mxfp4_moe() if gpu_mxfp4 is None else gpu_mxfp4,
-        gpu_experts=gpu_experts, card_name=card_name))
+        gpu_experts=gpu_experts, card_name=card_name, max_running=max_running))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", type=Path, default=None, help="DSpark draft GGUF (default: found next to the model)")
     ap.add_argument("--mmproj", type=Path, default=None, help="vision projector GGUF (default: found next to the model)")
     ap.add_argument("--gpu-experts", type=int, default=None, help="experts a layer on the GPU, checked against the budget")
+    ap.add_argument("--max-running-requests", type=int, default=WORKSTATION_RUNNING_REQUESTS,
+                    help="requests served at once, which sizes SGLang's sliding-window KV pool "
+                         f"(default {WORKSTATION_RUNNING_REQUESTS}, what `winport serve` passes on CUDA)")
     ap.add_argument("--card-gib", type=float, default=None,
                     help="plan for a card of this size (default: the visible GPU; required without one)")
     ap.add_argument("--ram-gib", type=float, default=None, help="plan for this much host RAM (default: this machine's)")
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         source = read_source(args.model, args.draft, args.mmproj)
         plan = plan_for(source, vram_gib=args.vram_gib, context_length=args.context_length,
                         gpu_experts=args.gpu_experts, card_bytes=card_bytes, card_name=name, host_bytes=host,
-                        gpu_mxfp4=args.mxfp4)
+                        gpu_mxfp4=args.mxfp4, max_running=args.max_running_requests)
     except (SourceError, PlanError) as exc:
         print(f"winport plan: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,8 @@ pages padded to 576-byte rows: kernels_triton.formats.v4_page_bytes), the SWA po
 ratio of the full pool (DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO = 0.1 unless --swa-full-tokens-ratio),
 compressed storage owned by the ratio-4/128 layers (V4) or by the kv-source layers of ratio 1/2
 (V4.1), and V4.1's low-ratio indexer keys in FP4 (index_head_dim / 2 + index_head_dim / 32 bytes).
-On CUDA SGLang sets max_running_requests 256 for DeepSeek-V4 itself, and with chunked prefill that
+On CUDA SGLang sets max_running_requests 256 for DeepSeek-V4 itself (winport passes 16 unless told
+otherwise: WORKSTATION_RUNNING_REQUESTS), and with chunked prefill that
 puts the SWA pool in cap mode (pool_configurator.py _resolve_swa_cap_tokens, compute_swa_request_cap):
 a fixed pool of `swa_cap_tokens` slots, sized from the request cap and 4 x max_running_requests cached
 prefix tails, and no SWA share per full token; measured on the H200 (2026-12-03): 606,464 slots,
@@ -29,6 +30,10 @@ from kernels_triton.formats import v4_page_bytes
 PAGE = 256  # SGLang hard-codes page_size 256 for DeepSeek-V4 (arg_groups/model_overrides/deepseek_v4.py)
 DEFAULT_SWA_RATIO = 0.1  # pool_configurator.DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO
 MAX_RUNNING_REQUESTS = 256  # what SGLang 0.5.23 sets for DeepseekV4ForCausalLM ("Setting max_running_requests to 256")
+# What `winport serve` and `winport plan` use on CUDA when --max-running-requests is not given: a
+# workstation serves one person and a few agents, not 256 clients, and the cap-mode SWA pool grows with
+# the cap (V4.1-Flash: 14.19 GB at 256, 1.25 GB at 16, i.e. 9 more FP8 expert slots a layer at 80 GiB).
+WORKSTATION_RUNNING_REQUESTS = 16
 SWA_EVICTION_INTERVAL = 128  # SGLang's SGLANG_SWA_EVICTION_INTERVAL default
 PREFIX_TAILS_PER_REQUEST = 4  # cached prefix tails cap mode keeps per running request (radix cache on)
 DEFAULT_WINDOW = 128  # DeepSeek-V4.x sliding_window
@@ -100,9 +105,10 @@ def swa_cap_tokens(config: dict[str, Any], chunk: int, max_running: int = MAX_RU
 
 
 def kv_bytes(config: dict[str, Any], swa_ratio: float = DEFAULT_SWA_RATIO, draft: bool = False,
-             cap_chunk: int | None = None) -> KVBytes:
+             cap_chunk: int | None = None, max_running: int = MAX_RUNNING_REQUESTS) -> KVBytes:
     """KV bytes of `config` (module docstring for what is and is not counted): cap mode, SGLang's default
-    on CUDA, when `cap_chunk` (the chunked-prefill size) is given, else ratio mode with `swa_ratio`."""
+    on CUDA, when `cap_chunk` (the chunked-prefill size) is given, with a pool for `max_running` running
+    requests, else ratio mode with `swa_ratio`."""
     layers = int(config["num_hidden_layers"])
     idx_dim = int(config.get("index_head_dim", 128))
     full = 0.0
@@ -121,5 +127,5 @@ def kv_bytes(config: dict[str, Any], swa_ratio: float = DEFAULT_SWA_RATIO, draft
     if cap_chunk is None:
         return KVBytes(full=full, swa=swa_ratio * slot, swa_slot=slot)
     block = int(config.get("dspark_block_size") or 1) if draft else 1
-    return KVBytes(full=full, swa=0.0, swa_cap_tokens=swa_cap_tokens(config, cap_chunk, draft_tokens=block),
+    return KVBytes(full=full, swa=0.0, swa_cap_tokens=swa_cap_tokens(config, cap_chunk, max_running, draft_tokens=block),
                    swa_slot=slot)

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start each layer's GPU expert slots with the experts a route record (--record-experts) "
                          "counted most often there, instead of experts 0..N-1 (CUDA with --gpu-experts or --vram-gib)")
     ap.add_argument("--max-running-requests", type=int, default=None,
-                    help="how many requests run at once; more wait in a queue (default: SGLang's)")
+                    help="how many requests run at once; more wait in a queue (default on CUDA 16, a "
+                         "workstation's share: winport.placement.kv; on the CPU SGLang's)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to run (default auto)")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (gloo collectives)")
     ap.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

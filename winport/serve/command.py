@@ -180,8 +180,9 @@ def build_plan(argv: list[str]) -> LaunchPlan:
               "are off for this model", flush=True)
     gpu_experts = args.gpu_experts
     placement = None
+    max_running = running_requests(args, device)
     if device != "cpu" and args.vram_gib is not None:
-        placement = place_experts(folder, args, "--speculative-algorithm" in sg)
+        placement = place_experts(folder, args, "--speculative-algorithm" in sg, max_running)
         print(f"winport serve: {placement.describe()}".replace("\n", "\nwinport serve: "), flush=True)
         if placement.slots < placement.inputs.sizes.experts_per_layer:
             gpu_experts = placement.slots
@@ -192,10 +193,8 @@ def build_plan(argv: list[str]) -> LaunchPlan:
         sg += ["--api-key", args.api_key]
     if args.context_length:
         sg += ["--context-length", str(args.context_length)]
-    if args.max_running_requests is not None:
-        if args.max_running_requests < 1:
-            raise ServeError("--max-running-requests must be at least 1")
-        sg += ["--max-running-requests", str(args.max_running_requests)]
+    if max_running is not None:
+        sg += ["--max-running-requests", str(max_running)]
     if args.tp < 1:
         raise ServeError(f"--tp {args.tp}: the tensor-parallel size must be at least 1")
     if device == "cpu" and args.tp > 1:
@@ -256,10 +255,24 @@ def route_record_env(args: Any, model_path: Path, device: str, gpu_experts: int 
         print(f"winport serve: GPU expert slots start from the most-routed experts in {src}", flush=True)
 
 
-def place_experts(folder: ModelFolder, args: Any, with_draft: bool) -> Any:
+def running_requests(args: Any, device: str) -> int | None:
+    """--max-running-requests, or on CUDA winport's workstation default (None: SGLang's, on the CPU,
+    whose KV pool winport sizes by tokens instead)."""
+    from winport.placement.kv import WORKSTATION_RUNNING_REQUESTS
+
+    if args.max_running_requests is not None:
+        if args.max_running_requests < 1:
+            raise ServeError("--max-running-requests must be at least 1")
+        return int(args.max_running_requests)
+    return WORKSTATION_RUNNING_REQUESTS if device != "cpu" else None
+
+
+def place_experts(folder: ModelFolder, args: Any, with_draft: bool, max_running: int | None) -> Any:
+    # max_running is None only on the CPU, where there is no plan.
     """The --vram-gib plan (winport.placement) for the folder SGLang loads on this machine's GPU."""
     from winport.placement.budget import PlanError
     from winport.placement.cli import card, host_ram, plan_for
+    from winport.placement.kv import MAX_RUNNING_REQUESTS
     from winport.placement.source import SourceError, folder_source
 
     found = card()
@@ -270,7 +283,8 @@ def place_experts(folder: ModelFolder, args: Any, with_draft: bool) -> Any:
         if not with_draft:
             source = dataclasses.replace(source, draft_bytes=0)
         return plan_for(source, vram_gib=args.vram_gib, context_length=args.context_length,
-                        gpu_experts=args.gpu_experts, card_bytes=found[0], card_name=found[1], host_bytes=host_ram())
+                        gpu_experts=args.gpu_experts, card_bytes=found[0], card_name=found[1], host_bytes=host_ram(),
+                        max_running=max_running or MAX_RUNNING_REQUESTS)
     except (PlanError, SourceError) as exc:
         raise ServeError(str(exc)) from None
 
