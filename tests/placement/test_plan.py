@@ -95,6 +95,7 @@ def test_v41_flash_sizes_by_hand(v41: tuple[dict, object]) -> None:
 def _fixed(card_gib: int, context: int, running: int = 256) -> int:
     """Everything but the experts, by hand: context, dense, KV, activations, graphs, load overhead."""
     chunk, max_bs = (8192, 256) if card_gib >= 90 else (4096, 48)
+    max_bs = min(max_bs, running)
     kv = (SWA_CAP if running == 256 else SWA_CAP_16)[chunk] * SWA_SLOT + int(KV_FULL * context)
     return (budget_mod.CONTEXT_BYTES + DENSE + kv + ACT_TOKEN * chunk + ACT_TOKEN * max_bs
             + budget_mod.LOAD_OVERHEAD_BYTES)
@@ -113,12 +114,13 @@ SLOT = {False: 40 * EXPERT_FP8 + EXPERT_MXFP4, True: 40 * EXPERT_MXFP4}
 # = 4.429 GB -> 3.1 and 5.9 -> 3 and 5.
 PLANS = [(96, 80, 36, 70), (96, 96, 48, 93), (32, 32, 3, 5)]
 # The same at 16 running requests (what `winport serve` and `winport plan` use on CUDA by default): the
-# SWA pool is 1.252 GB, not 14.191 (1.060, not 13.999, at chunk 4096).
-# 80 of 96: fixed 32.926 - 14.191 + 1.252 = 19.987 GB; room 85.899 - 19.987 = 65.912 -> / 1.4347 = 45.9
-# -> 45 FP8 slots; / 0.7520 = 87.6 -> 87 MXFP4. 96 of 96: room 103.079 - 19.987 = 83.092 -> 57.9 and
-# 110.5 -> 57 and 110. 32 of 32: fixed 29.931 - 13.999 + 1.060 = 16.992; room 34.360 - 16.992 = 17.368
-# -> 12.1 and 23.1 -> 12 and 23.
-PLANS_16 = [(96, 80, 45, 87), (96, 96, 57, 110), (32, 32, 12, 23)]
+# SWA pool is 1.252 GB, not 14.191 (1.060, not 13.999, at chunk 4096), and the decode graphs stop at
+# batch 16 (16 x 651,520 = 0.010 GB, not 0.167 at 256 or 0.031 at 48).
+# 80 of 96: fixed 32.926 - 14.191 + 1.252 - 0.157 = 19.830 GB; room 85.899 - 19.830 = 66.069 -> / 1.4347
+# = 46.05 -> 46 FP8 slots; / 0.7520 = 87.9 -> 87 MXFP4. 96 of 96: room 103.079 - 19.830 = 83.249 -> 58.02
+# and 110.7 -> 58 and 110. 32 of 32: fixed 29.931 - 13.999 + 1.060 - 0.021 = 16.971; room 34.360 - 16.971
+# = 17.389 -> 12.1 and 23.1 -> 12 and 23.
+PLANS_16 = [(96, 80, 46, 87), (96, 96, 58, 110), (32, 32, 12, 23)]
 
 
 @pytest.mark.parametrize(("card", "vram", "fp8_slots", "mxfp4_slots"), PLANS_16)
@@ -254,7 +256,7 @@ def test_winport_plan_prints_the_budget(tmp_path: Path, capsys: pytest.CaptureFi
                  "Engram tables: 188.83 GiB"):
         assert line in out
     assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--fp8"]) == 0
-    assert "Experts: 45 of 384" in capsys.readouterr().out
+    assert "Experts: 46 of 384" in capsys.readouterr().out
     assert main(["--model", str(path), "--card-gib", "96", "--vram-gib", "80", "--ram-gib", "512", "--fp8",
                  "--max-running-requests", "256"]) == 0
     assert "Experts: 36 of 384" in capsys.readouterr().out
@@ -314,9 +316,9 @@ def test_serve_vram_gib_places_the_experts(tmp_path: Path, monkeypatch: pytest.M
     plan = command.build_plan(["--model", str(folder), "--vram-gib", "80"])
     out = capsys.readouterr().out
     assert "winport serve: GPU budget 80.00 GiB of RTX PRO 6000 (pretended)" in out
-    assert "winport serve: Experts: 45 of 384 a layer on the GPU" in out  # PLANS_16: the workstation cap
+    assert "winport serve: Experts: 46 of 384 a layer on the GPU" in out  # PLANS_16: the workstation cap
     argv = plan.argv
-    assert argv[argv.index("--kt-num-gpu-experts") + 1] == "45"
+    assert argv[argv.index("--kt-num-gpu-experts") + 1] == "46"
     assert argv[argv.index("--max-running-requests") + 1] == "16"
     assert float(argv[argv.index("--mem-fraction-static") + 1]) == pytest.approx(plan.placement.mem_fraction_static,
                                                                                  abs=1e-5)

@@ -193,7 +193,8 @@ def make_plan(inp: Inputs) -> Plan:
         raise PlanError(f"--max-running-requests must be at least 1, got {inp.max_running}")
     kv = kv_bytes(cfg, inp.swa_ratio or DEFAULT_SWA_RATIO, draft=inp.draft_bytes > 0,
                   cap_chunk=chunk if inp.swa_ratio is None else None, max_running=inp.max_running)
-    max_bs = decode_graph_max_bs(card)
+    # SGLang captures no decode batch above the running-request cap (H200, 2026-12-03: bs 1..16 at 16).
+    max_bs = min(decode_graph_max_bs(card), inp.max_running)
     tokens = max(context, MIN_KV_TOKENS)
     plan = Plan(inputs=inp, budget=budget, kv_tokens=tokens, chunk=chunk, kv=kv)
     plan.lines = [

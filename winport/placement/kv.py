@@ -32,7 +32,8 @@ DEFAULT_SWA_RATIO = 0.1  # pool_configurator.DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO
 MAX_RUNNING_REQUESTS = 256  # what SGLang 0.5.23 sets for DeepseekV4ForCausalLM ("Setting max_running_requests to 256")
 # What `winport serve` and `winport plan` use on CUDA when --max-running-requests is not given: a
 # workstation serves one person and a few agents, not 256 clients, and the cap-mode SWA pool grows with
-# the cap (V4.1-Flash: 14.19 GB at 256, 1.25 GB at 16, i.e. 9 more FP8 expert slots a layer at 80 GiB).
+# the cap (V4.1-Flash: 14.19 GB at 256, 1.25 GB at 16; with the decode graphs
+# that stop at 16 too, 46 FP8 expert slots a layer at 80 of 96 GiB instead of 36).
 WORKSTATION_RUNNING_REQUESTS = 16
 SWA_EVICTION_INTERVAL = 128  # SGLang's SGLANG_SWA_EVICTION_INTERVAL default
 PREFIX_TAILS_PER_REQUEST = 4  # cached prefix tails cap mode keeps per running request (radix cache on)
