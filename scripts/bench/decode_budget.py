@@ -262,6 +262,14 @@ def verdict(rs: list[dict[str, Any]], hit: float = 0.85) -> list[str]:
     ]
 
 
+def model_check(inp: dict[str, Any], model: Model, machine: Machine) -> tuple[float, float]:
+    """(modelled, measured) ms of the routed experts of one layer with 71 slots and uniform routing on
+    the H200 host, the one hybrid layer measured whole: how far the budget's expert model is off."""
+    slots = 71
+    step = budget(inp, model, machine, slots / model.experts, slots, 1, 1.0)
+    return step.lines["routed experts"] / model.layers, float(inp["layer_71_ms"])
+
+
 def levers(inp: dict[str, Any], model: Model, machine: Machine, scale: float, slots: int,
            hit: float = 0.85) -> list[tuple[str, float]]:
     """tok/s of a decode step at `hit` as the largest lines come down one after the other: kt-kernel's
@@ -310,6 +318,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rs))
     for line in verdict(rs):
         print(line)
+    modelled, measured = model_check(inp, model, machines(inp, model, a)[0][0])
+    print(f"model check: one hybrid layer, 71 slots, uniform routing, H200 host: routed experts modelled "
+          f"{modelled:.2f} ms vs measured {measured:.2f} ms ({modelled / measured:.2f}x)")
     machine, scale, _ = machines(inp, model, a)[-1]
     print(f"levers on {machine.name} at 85% hits: " + "; ".join(
         f"{what} {tok_s:.1f} tok/s" for what, tok_s in levers(inp, model, machine, scale, a.slots)))

@@ -107,7 +107,8 @@ def test_the_budget_prints_its_assumptions_and_verdict(db: ModuleType, tmp_path:
     for needle in ("== H200 + its host ==", "== RTX PRO 6000 + Threadripper PRO 7965WX ==", "assumes: GPU 1792 GB/s",
                    "not on Zen 4", "DDR5-6000", "-- hit rate 85%", "kt-kernel round trip", "the wait",
                    "DSpark verify step",
-                   "at 85% hits:", "largest lines of a decode step:", "levers on RTX PRO 6000"):
+                   "at 85% hits:", "largest lines of a decode step:", "levers on RTX PRO 6000",
+                   "model check: one hybrid layer, 71 slots"):
         assert needle in text, needle
     assert re.search(r"engram rows +0\.00 ms  \(not measured: 0\)", text)
     rows = json.loads(out_json.read_text())["rows"]
