@@ -363,3 +363,38 @@ def test_hot_swaps_read_from_the_gguf_the_experts_loading_gave(model_dir: tuple[
         CheckpointExperts(lean, 0, experts)
     with pytest.raises(NoExpertSource, match=f"GPU expert swaps read {experts + 1} MXFP4 experts"):
         GGUFExperts(_main(d), 0, experts + 1)
+
+
+def test_loading_and_hot_swaps_share_one_open_of_the_gguf(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With hot experts on, the weight stream keeps the GGUF open and every layer's swap source reads that
+    same open (issue 22: one open a process); without them the stream closes it at its end."""
+    from winport.gguf import convert, direct
+    from winport.hybrid import expert_source as es
+
+    d, _, _ = model_dir
+    lean = gguf_to_checkpoint(_main(d), cache=tmp_path / "direct", draft=None, mmproj=None, dense_fp8=None,
+                              progress=False, weights="direct")
+    model = direct.read_sidecar(lean)["model"]
+    experts = json.loads((lean / "config.json").read_text())["n_routed_experts"]
+    opens: list[Path] = []
+    real = convert.open_gguf
+    monkeypatch.setattr(convert, "open_gguf", lambda p: (opens.append(Path(p).resolve()), real(p))[1])
+
+    def model_opens() -> int:
+        return sum(p == Path(model).resolve() for p in opens)
+
+    es._open_gguf.cache_clear()
+    try:
+        assert sum(1 for _ in direct.weights(lean, progress=False, keep_open=True)) > 0
+        assert model in direct._OPEN
+        for layer in (0, 1):
+            es.expert_source(lean, layer, experts)(experts - 1)
+        assert model_opens() == 1, opens
+    finally:
+        es._open_gguf.cache_clear()
+        while model in direct._OPEN:
+            direct.let_go(model)
+    opens.clear()
+    assert sum(1 for _ in direct.weights(lean, progress=False)) > 0
+    assert model not in direct._OPEN and model_opens() == 1  # opened for the stream, closed at its end

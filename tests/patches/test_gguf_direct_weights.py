@@ -63,10 +63,22 @@ def test_a_gguf_folder_reads_the_gguf(tmp_path: Path, monkeypatch: pytest.Monkey
     assert patch._probe(never, folder) is True
     (tmp_path / "b").mkdir()
     assert patch._probe(never, str(_lean(tmp_path / "b", fp4=False))) is False
-    monkeypatch.setattr(direct, "weights", lambda f, progress=True: iter([("embed.weight", 1), ("head.weight", 2)]))
+    kept: list[bool] = []
+
+    def weights(f: str, progress: bool = True, keep_open: bool = False) -> object:
+        kept.append(keep_open)
+        return iter([("embed.weight", 1), ("head.weight", 2)])
+
+    monkeypatch.setattr(direct, "weights", weights)
+    monkeypatch.delenv("WINPORT_HOT_EXPERTS", raising=False)
     loader = _loader()
     got = list(patch._iterator(never, loader, types.SimpleNamespace(model_or_path=folder, prefix="p.")))
     assert got == [("p.embed.weight", 1), ("p.head.weight", 2)] and loader.counter_before_loading_weights > 0
+    # hot-expert swaps read the same GGUF: with them on, the stream leaves it open for them
+    monkeypatch.setenv("WINPORT_HOT_EXPERTS", "1")
+    list(patch._iterator(never, _loader(), types.SimpleNamespace(model_or_path=folder, prefix="p.")))
+    assert kept == [False, True]
+    monkeypatch.delenv("WINPORT_HOT_EXPERTS")
     # the DSpark draft runner's filter, as upstream applies it
     got = list(patch._iterator(never, _loader(0), types.SimpleNamespace(model_or_path=folder, prefix="")))
     assert got == [("draft:embed.weight", 1), ("draft:head.weight", 2)]

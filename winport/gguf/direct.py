@@ -15,6 +15,7 @@ writes into safetensors, in the same order (tests/gguf/test_direct_weights.py co
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,36 @@ from .reader import GGUFError
 
 SIDECAR = "gguf_weights.json"
 FORMAT = 1
+# The model GGUF of a folder served from it, opened once per process: by the weight stream, and kept
+# for hot-expert swaps, which read the same map (winport.hybrid.expert_source). Keyed by the sidecar's
+# model path; a handle is closed when its last holder lets go.
+_OPEN: dict[str, list[Any]] = {}  # path -> [LoadedGGUF, holders]
+_OPEN_LOCK = threading.Lock()
+
+
+def hold(model: str, draft: str | None = None, mmproj: str | None = None) -> Any:
+    """The one open LoadedGGUF of `model` in this process, opened now if none is (with the draft and
+    vision projector named, or without them); the caller holds it until :func:`let_go`."""
+    from .convert import load_gguf_model
+
+    with _OPEN_LOCK:
+        entry = _OPEN.get(model)
+        if entry is None:
+            entry = _OPEN[model] = [load_gguf_model(model, draft=draft or False, mmproj=mmproj or False), 0]
+        entry[1] += 1
+        return entry[0]
+
+
+def let_go(model: str) -> None:
+    """Give up one hold on `model`'s LoadedGGUF; the last one closes it."""
+    with _OPEN_LOCK:
+        entry = _OPEN.get(model)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _OPEN[model]
+            entry[0].close()
 
 
 def write_sidecar(folder: Path, loaded: Any, dense_fp8: bool, with_draft: bool, with_mmproj: bool) -> dict[str, Any]:
@@ -54,12 +85,11 @@ def read_sidecar(folder: str | Path) -> dict[str, Any] | None:
     return info
 
 
-def weights(folder: str | Path, progress: bool = True) -> Iterator[tuple[str, Any]]:
+def weights(folder: str | Path, progress: bool = True, keep_open: bool = False) -> Iterator[tuple[str, Any]]:
     """(checkpoint name, tensor) for every weight of a folder served from its GGUF: the model's, then
     the bundled draft's and vision projector's, each converted as the copying route converts it.
-    The GGUF is opened when iteration starts and closed when it ends (or is abandoned)."""
-    from .convert import load_gguf_model
-
+    The GGUF is opened when iteration starts and let go when it ends (or is abandoned); with
+    `keep_open` (hot-expert swaps will read it) the process keeps it open for :func:`hold`."""
     info = read_sidecar(folder)
     if info is None:
         raise GGUFError(f"{folder}: no {SIDECAR}: not a folder served from a GGUF")
@@ -67,9 +97,12 @@ def weights(folder: str | Path, progress: bool = True) -> Iterator[tuple[str, An
         if info[key] is not None and not Path(info[key]).is_file():
             raise GGUFError(f"{info[key]}: the GGUF this server reads its weights from is gone "
                             f"(named by {Path(folder) / SIDECAR})")
-    loaded = load_gguf_model(info["model"], draft=info["draft"] or False, mmproj=info["mmproj"] or False)
+    loaded = hold(info["model"], info["draft"], info["mmproj"])
+    finished = False
     try:
         for _source, stream in loaded.weight_streams(progress=progress, dense_fp8=info["dense_fp8"]):
             yield from stream
+        finished = True
     finally:
-        loaded.close()
+        if not (finished and keep_open):
+            let_go(info["model"])

@@ -78,10 +78,11 @@ class CheckpointExperts:
 
 @lru_cache(maxsize=2)
 def _open_gguf(path: str) -> Any:
-    # One open of the GGUF per process for every layer's swaps (the model alone: no draft or mmproj).
-    from winport.gguf.convert import load_gguf_model
+    # The process's one open of the GGUF (the weight stream kept it open when hot experts are on),
+    # held for every layer's swaps for as long as the process serves.
+    from winport.gguf.direct import hold
 
-    return load_gguf_model(path, draft=False, mmproj=False)
+    return hold(path)
 
 
 class GGUFExperts:

@@ -41,8 +41,10 @@ def _iterator(original: Any, self: Any, source: Any, *args: Any, **kwargs: Any) 
     if _direct(source.model_or_path) is None:
         return original(self, source, *args, **kwargs)
     from winport.gguf import direct
+    from winport.hybrid import hot_registry
 
-    weights = direct.weights(source.model_or_path)
+    # Hot-expert swaps read the same GGUF: the stream leaves it open for them (one open a process).
+    weights = direct.weights(source.model_or_path, keep_open=hot_registry.enabled())
     # upstream's tail of _get_weights_iterator (checked in register_patch)
     if self.load_config.draft_model_idx is not None:
         return self._filter_mtp_weights(weights, source.prefix, self.load_config.draft_model_idx)
