@@ -26,6 +26,21 @@ def test_demo_plan_defaults_to_loopback_cpu_and_sglang_switches(cpu_only: None, 
     assert plan.env["PYTHONUTF8"] == "1"  # Windows' ANSI code page cannot read DeepSeek's tokenizer files
     assert "--api-key" not in argv and plan.api_key is None
     assert argv[argv.index("--served-model-name") + 1] == "winport-demo-v4"  # never a path with a drive colon
+    assert "--max-running-requests" not in argv  # on the CPU SGLang's own; the KV pool is sized in tokens there
+
+
+def test_cuda_serves_a_workstation_share_of_requests(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """On CUDA `winport serve` passes 16 running requests unless told (winport.placement.kv), the number
+    its --vram-gib plan prices the sliding-window pool for."""
+    from winport.placement.kv import WORKSTATION_RUNNING_REQUESTS
+
+    monkeypatch.setenv("WINPORT_CACHE", str(tmp_path))
+    monkeypatch.setattr("winport.demo.build.ensure_demo", lambda variant: tmp_path / "demo")
+    monkeypatch.setattr(command, "_cuda_available", lambda: True)
+    argv = command.build_plan(["--demo"]).argv
+    assert argv[argv.index("--max-running-requests") + 1] == str(WORKSTATION_RUNNING_REQUESTS) == "16"
+    argv = command.build_plan(["--demo", "--max-running-requests", "64"]).argv
+    assert argv.count("--max-running-requests") == 1 and argv[argv.index("--max-running-requests") + 1] == "64"
 
 
 def test_api_key_and_limits_are_passed(cpu_only: None, tmp_path, monkeypatch) -> None:
