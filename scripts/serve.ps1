@@ -59,7 +59,8 @@ Start the GPU expert slots with the experts a route record counted most often (-
 The model name clients send and see; default: the model folder's name (--served-model-name).
 
 .PARAMETER MaxRunningRequests
-How many requests run at once; more wait in a queue (--max-running-requests).
+How many requests run at once; more wait in a queue (--max-running-requests; default on CUDA 16, a
+workstation's share, which the -VramGib plan prices the sliding-window KV pool for).
 
 .PARAMETER ApiKey
 Require this key as 'Authorization: Bearer <key>' (--api-key).
