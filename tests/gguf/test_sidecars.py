@@ -229,6 +229,33 @@ def test_serve_plan_dspark_on_cuda(model_dir: tuple[Path, dict, dict], tmp_path:
     assert "bundled into the model: image inputs are served" in capsys.readouterr().out
 
 
+def test_a_found_draft_is_left_out_when_kt_kernel_runs_experts(model_dir: tuple[Path, dict, dict], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """With routed experts in kt-kernel (--gpu-experts N, or a --vram-gib plan that leaves some on the CPU)
+    a draft only found next to the model is not used: the decode budget projects DSpark as a loss there
+    (scripts/bench/RESULTS.md). Asked for by flag, it is used; with every expert on the GPU it stays on."""
+    from winport.placement import cli
+
+    d, _, _ = model_dir
+    plan = _plan(["--model", str(_main(d)), "--device", "cuda", "--gpu-experts", "2"], monkeypatch, tmp_path, cuda=True)
+    assert "--speculative-algorithm" not in plan.argv and "--speculative-draft-model-path" not in plan.argv
+    assert "DSpark draft found next to the model but not used: with routed experts in kt-kernel" in capsys.readouterr().out
+    plan = _plan(["--model", str(_main(d)), "--device", "cuda", "--gpu-experts", "2", "--speculative-algorithm",
+                  "DSPARK"], monkeypatch, tmp_path, cuda=True)
+    assert plan.argv.count("--speculative-algorithm") == 1 and "--kt-num-gpu-experts" in plan.argv
+    # A budget that leaves experts on the CPU: the draft is left out and not counted in the plan.
+    monkeypatch.setattr(cli, "card", lambda: (96 * 2**30, "a pretended card"))
+    monkeypatch.setattr(cli, "host_ram", lambda: 512 * 2**30)
+    monkeypatch.setattr("winport.placement.model_bytes.ModelBytes.expert_gpu", lambda self, mxfp4: 2**30)
+    plan = _plan(["--model", str(_main(d)), "--device", "cuda", "--vram-gib", "8", "--context-length", "4096"],
+                 monkeypatch, tmp_path, cuda=True)
+    n = plan.placement.inputs.sizes.experts_per_layer
+    assert 0 < plan.placement.slots < n
+    assert "--speculative-algorithm" not in plan.argv
+    assert "draft" not in {what for what, _, _ in plan.placement.lines}
+
+
 def test_serve_plan_cpu_notes_and_refusals(model_dir: tuple[Path, dict, dict], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from winport.serve.command import ServeError

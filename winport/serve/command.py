@@ -181,8 +181,15 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     gpu_experts = args.gpu_experts
     placement = None
     max_running = running_requests(args, device)
+    # A draft only found next to the model (not asked for) is left out when kt-kernel will run experts.
+    found_draft = "--speculative-algorithm" in sg and not args.speculative_algorithm and args.draft_model is None
+    if found_draft and gpu_experts is not None:
+        sg = without_found_draft(sg)
     if device != "cpu" and args.vram_gib is not None:
         placement = place_experts(folder, args, "--speculative-algorithm" in sg, max_running)
+        if "--speculative-algorithm" in sg and found_draft and placement.slots < placement.inputs.sizes.experts_per_layer:
+            sg = without_found_draft(sg)
+            placement = place_experts(folder, args, False, max_running)
         print(f"winport serve: {placement.describe()}".replace("\n", "\nwinport serve: "), flush=True)
         if placement.slots < placement.inputs.sizes.experts_per_layer:
             gpu_experts = placement.slots
@@ -253,6 +260,21 @@ def route_record_env(args: Any, model_path: Path, device: str, gpu_experts: int 
             raise ServeError(f"{flag}: {exc}") from None
         envs.set_for_child(env, envs.WINPORT_EXPERT_PLACEMENT, str(src))
         print(f"winport serve: GPU expert slots start from the most-routed experts in {src}", flush=True)
+
+
+# Why a DSpark draft found next to the model is not used once routed experts run in kt-kernel.
+DRAFT_HYBRID_REASON = ("with routed experts in kt-kernel a verify block costs more than the tokens it accepts "
+                       "save (projected: scripts/bench/decode_budget.py, numbers in scripts/bench/RESULTS.md); "
+                       "--speculative-algorithm DSPARK uses it anyway")
+
+
+def without_found_draft(sg: list[str]) -> list[str]:
+    """`sg` without the DSpark flags sidecar_args added for a found draft, saying why."""
+    i = sg.index("--speculative-algorithm")
+    if sg[i:i + 4] != ["--speculative-algorithm", "DSPARK", "--speculative-draft-model-path", sg[i + 3]]:
+        raise RuntimeError(f"unexpected DSpark flags {sg[i:i + 4]}")
+    print(f"winport serve: DSpark draft found next to the model but not used: {DRAFT_HYBRID_REASON}", flush=True)
+    return sg[:i] + sg[i + 4:]
 
 
 def running_requests(args: Any, device: str) -> int | None:
