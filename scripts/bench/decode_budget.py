@@ -40,6 +40,8 @@ INPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_budget
 FORMAT = "winport-decode-budget-inputs/1"
 BLOCK = 5  # DSpark's verify block
 DRAFT_LAYERS = 3  # DSpark's draft stages, priced as dense layers (not measured)
+# Where one core's kt-kernel rate comes from, printed next to the lines it drives.
+CORE_SOURCE = "measured on a Xeon core of the dev VM with kt-kernel's avx512_bf16 build, not on Zen 4"
 GOALS = {"without DSpark": 70.0, "with DSpark": 100.0}  # tok/s at 85% hits (issue 24)
 
 
@@ -162,7 +164,7 @@ def derived(inp: dict[str, Any], model: Model) -> dict[str, Any]:
     """Inputs derived from others: the head's share of copy (the dense GEMV's) and the overhead the
     proxy's step leaves beyond its two layers and head (a lower bound: its experts may have sat in L3)."""
     out = dict(inp)
-    out["head_copy_share"] = 232.2e6 / (inp["dense_layer_us_t1"] * 1e-6) / (inp["copy_gbs"] * 1e9)
+    out["head_copy_share"] = inp["dense_layer_bytes"] / (inp["dense_layer_us_t1"] * 1e-6) / (inp["copy_gbs"] * 1e9)
     head_ms = model.head_bytes / (inp["copy_gbs"] * out["head_copy_share"]) / 1e6
     layer_gpu = (inp["dense_layer_us_t1"] + inp["attention_layer_us_t1"]) / 1e3
     out["overhead_ms"] = max(0.0, inp["proxy_token_ms"] - 2 * (inp["proxy_layer_ms"] + layer_gpu) - head_ms)
@@ -176,7 +178,7 @@ def machines(inp: dict[str, Any], model: Model, args: argparse.Namespace) -> lis
     h200 = Machine("H200 + its host", inp["copy_gbs"], args.h200_threads, core, inp["kt_threads_scaling"],
                    args.h200_dram_gbs)
     out = [(h200, 1.0, [f"kt-kernel on {args.h200_threads} threads of the host at {inp['kt_threads_scaling']:.2f} "
-                        f"of threads x one core's rate ({rate:.1f} GB/s at batch 1, per pair 1.8x that above it: {core_source(inp)})",
+                        f"of threads x one core's rate ({rate:.1f} GB/s at batch 1, per pair 1.8x that above it: {CORE_SOURCE})",
                         f"DRAM cap {args.h200_dram_gbs:.0f} GB/s (assumed)"])]
     if args.workstation:
         share = inp["copy_gbs"] / args.h200_spec_gbs
@@ -187,17 +189,12 @@ def machines(inp: dict[str, Any], model: Model, args: argparse.Namespace) -> lis
             f"GPU {args.card_gbs:.0f} GB/s spec x {share:.3f} (the H200's measured copy {inp['copy_gbs']:.0f} over its "
             f"{args.h200_spec_gbs:.0f} spec) = {gbs:.0f} GB/s; memory-bound GPU lines scale by {inp['copy_gbs'] / gbs:.2f}x",
             "launch-bound lines (attention, indexer, sampling, scheduler, kt-kernel's round trip) as on the H200",
-            f"kt-kernel on {args.cores} Zen 4 cores at {rate:.1f} GB/s a core at batch 1 ({core_source(inp)}) x "
+            f"kt-kernel on {args.cores} Zen 4 cores at {rate:.1f} GB/s a core at batch 1 ({CORE_SOURCE}) x "
             f"{inp['kt_threads_scaling']:.2f} thread scaling (the H200 host's)",
             f"DRAM {args.channels} channels of DDR5-{args.mts} = {args.channels * args.mts * 8 / 1e3:.0f} GB/s x "
             f"{args.dram_share:.2f} achievable = {dram:.0f} GB/s cap for the CPU experts",
         ]))
     return out
-
-
-def core_source(inp: dict[str, Any]) -> str:
-    """Where one core's rate comes from (printed next to the lines it drives)."""
-    return "measured on a Xeon core of the dev VM with kt-kernel's avx512_bf16 build, not on Zen 4"
 
 
 def rows(inp: dict[str, Any], model: Model, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -40,6 +40,10 @@ def hold(model: str, draft: str | None = None, mmproj: str | None = None) -> Any
         entry = _OPEN.get(model)
         if entry is None:
             entry = _OPEN[model] = [load_gguf_model(model, draft=draft or False, mmproj=mmproj or False), 0]
+        for what, want, have in (("draft", draft, entry[0].draft), ("mmproj", mmproj, entry[0].mmproj)):
+            if want is not None and (have is None or str(have.paths[0]) != want):
+                raise RuntimeError(f"{model}: already open without the {what} {want}; the weight stream must "
+                                   "open it first")
         entry[1] += 1
         return entry[0]
 

@@ -185,9 +185,10 @@ def build_plan(argv: list[str]) -> LaunchPlan:
     found_draft = "--speculative-algorithm" in sg and not args.speculative_algorithm and args.draft_model is None
     if found_draft and gpu_experts is not None:
         sg = without_found_draft(sg)
+        found_draft = False
     if device != "cpu" and args.vram_gib is not None:
         placement = place_experts(folder, args, "--speculative-algorithm" in sg, max_running)
-        if "--speculative-algorithm" in sg and found_draft and placement.slots < placement.inputs.sizes.experts_per_layer:
+        if found_draft and placement.slots < placement.inputs.sizes.experts_per_layer:
             sg = without_found_draft(sg)
             placement = place_experts(folder, args, False, max_running)
         print(f"winport serve: {placement.describe()}".replace("\n", "\nwinport serve: "), flush=True)
@@ -290,8 +291,8 @@ def running_requests(args: Any, device: str) -> int | None:
 
 
 def place_experts(folder: ModelFolder, args: Any, with_draft: bool, max_running: int | None) -> Any:
-    # max_running is None only on the CPU, where there is no plan.
-    """The --vram-gib plan (winport.placement) for the folder SGLang loads on this machine's GPU."""
+    """The --vram-gib plan (winport.placement) for the folder SGLang loads on this machine's GPU
+    (max_running is None only on the CPU, where there is no plan)."""
     from winport.placement.budget import PlanError
     from winport.placement.cli import card, host_ram, plan_for
     from winport.placement.kv import MAX_RUNNING_REQUESTS
