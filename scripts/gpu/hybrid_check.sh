@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The hybrid MoE on the H200 device machine: kt-kernel's CPU experts next to the GPU.
-# Carry .whlserve (scripts/gpu/fetch_serve_wheels.sh) and .ktdev (scripts/gpu/fetch_kt_kernel.sh: kt-kernel
+# Carry .whlserve (scripts/gpu/fetch_serve_wheels.sh; its gguf wheel also serves kt-kernel's import) and .ktdev (scripts/gpu/fetch_kt_kernel.sh: kt-kernel
 # 0.7.2's cp312 kt_kernel as one xz tarball, so both stay under the 64 MiB that reaches the GPU machine).
 # Usage (device, repo root): bash scripts/gpu/hybrid_check.sh PART...
 #   kt     kt-kernel MXFP4 experts at V4.1 shapes vs the read probe (scripts/bench/kt_experts.py)
@@ -19,6 +19,8 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/site
 if [ -f .ktdev/kt_kernel.tar.xz ]; then tar -C /tmp/site -xJf .ktdev/kt_kernel.tar.xz  # scripts/gpu/fetch_kt_kernel.sh
 elif [ -d .ktdev/kt_kernel ]; then cp -r .ktdev/kt_kernel .ktdev/kt_kernel.libs /tmp/site/; fi
+# kt_kernel.utils.loader imports gguf at import time; a bare device python may lack it.
+python3 -c "import gguf" 2>/dev/null || pip install -q --no-deps --target /tmp/site .whlserve/gguf-*.whl
 ops_site() {  # a bare python on the device has no winport .pth: install the shim finder for it
   local site; site=$(mktemp -d); echo "import winport.shimloader as _s; _s.install()" > "$site/sitecustomize.py"
   echo "$site:/tmp/site:$PWD"
