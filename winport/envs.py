@@ -97,9 +97,10 @@ WINPORT_KT_MOE = EnvVar(
     why="1: winport's kt-kernel MoE method serves the routed experts (winport.hybrid); `winport serve` sets it "
         "for a CPU server or with --gpu-experts N; 0 keeps the torch/Triton experts.")
 WINPORT_HOT_EXPERTS = EnvVar(
-    "WINPORT_HOT_EXPERTS", "bool", False,
-    why="1: a hybrid layer's GPU expert slots follow decayed route counts, swapped between decode steps from the "
-        "checkpoint's files (winport.hybrid.hot_swap); off by default until measured in a live CUDA server.")
+    "WINPORT_HOT_EXPERTS", "bool", None, default_text="on with CUDA, off on the CPU",
+    why="Whether a hybrid layer's GPU expert slots follow decayed route counts, swapped between decode steps from "
+        "the checkpoint's files (winport.hybrid.hot_swap; on CUDA the swaps never block decode, "
+        "winport.hybrid.swap_stream); 0 keeps the start placement.")
 WINPORT_HOT_EXPERTS_INTERVAL = EnvVar(
     "WINPORT_HOT_EXPERTS_INTERVAL", "int", None, default_text="winport.hybrid.hot_experts.DEFAULT_INTERVAL",
     why="Decode steps between two refreshes of the GPU expert slots.")

@@ -5,8 +5,9 @@ refresh is driven from outside, by winport.patches.kt_hot_experts around each fo
 forward the registry fills the layers' step-kind tensor (prefill or decode, read by the captured
 counters when the step runs) and after it puts back "uncounted", so SGLang's graph warm-ups and
 captures, which run outside a step, count as neither. Every `interval` decode steps each layer's
-slots are refreshed (winport.hybrid.hot_swap.HotLayer); at most every LOG_INTERVAL_S seconds one
-line reports the share of routes the GPU served in decode and in prefill, the swaps and their
+slots are refreshed (winport.hybrid.hot_swap.HotLayer), and after every decode step the swaps
+in flight on CUDA move on (HotLayer.advance, which never waits for the GPU); at most every
+LOG_INTERVAL_S seconds one line reports the share of routes the GPU served in decode and in prefill, the swaps and their
 bytes since the last line, and with `--enable-metrics` the same totals go to SGLang's /metrics
 (winport.hybrid.hot_metrics). With `--record-experts` the same clock drives the route record
 (winport.hybrid.route_record), written when the scheduler goes idle after a counted forward.
@@ -28,9 +29,14 @@ from winport.hybrid.route_record import RouteRecorder
 LOG_INTERVAL_S = 30.0
 
 
-def enabled() -> bool:
-    """Whether WINPORT_HOT_EXPERTS=1 asks the hybrid layers' GPU slots to follow the routes."""
-    return bool(envs.WINPORT_HOT_EXPERTS.get())
+def enabled(cuda: bool | None = None) -> bool:
+    """Whether the hybrid layers' GPU slots follow the routes: WINPORT_HOT_EXPERTS where set, else
+    on with CUDA (`cuda`, default: whether torch sees a GPU) and off on the CPU, whose server has
+    no GPU slots unless asked for them."""
+    value = envs.WINPORT_HOT_EXPERTS.get()
+    if value is None:
+        return torch.cuda.is_available() if cuda is None else cuda
+    return bool(value)
 
 
 def interval() -> int:
@@ -94,14 +100,20 @@ class HotRegistry:
             self.recorder.flush()
 
     def step(self) -> None:
-        """One decode forward has been enqueued: refresh every `every` steps, log now and then."""
+        """One decode forward has been enqueued: move swaps in flight on (CUDA), refresh every
+        `every` steps, log now and then."""
         self.steps += 1
-        if not self.layers or self.steps % self.every:
+        if not self.layers:
             return
-        swapped = sum(len(layer.refresh()) for layer in self.layers)
+        swapped = sum(len(layer.advance()) for layer in self.layers)
+        refresh = self.steps % self.every == 0
+        if refresh:
+            swapped += sum(len(layer.refresh()) for layer in self.layers)
         if swapped and not self._announced:
             self._announced = True  # one line at the first swap, then the periodic report
             print(f"winport: first GPU expert swaps ({swapped}) after {self.steps} decode steps", flush=True)
+        if not refresh:
+            return
         if self.metrics is not None:
             self.metrics.publish(self.hit_counts(), self.swaps_done(), self.bytes_per_swap())
         now = time.monotonic()

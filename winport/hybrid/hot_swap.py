@@ -13,14 +13,21 @@ weights:
   the new expert's weights from `read_expert` (host memory: the checkpoint's memory map) written
   into the slot by `write_slot` in the GPU side's own format.
 
-This refresh is synchronous: the host waits for the slot writes (SlotMap.admit synchronizes the
-stream before kt-kernel's mask changes), so on CUDA a refresh that swaps costs the decode step it
-runs between about the copy time of the swapped experts (4 x 18.8 MB of MXFP4 a layer at most).
+Without `streams` (the CPU server) a refresh is synchronous: it reads the counts, writes the slots
+and admits the experts at once (SlotMap.admit waits for the stream). With `streams`
+(winport.hybrid.swap_stream, the CUDA server) the scheduler never waits for the GPU: `refresh`
+only takes a non-blocking snapshot of the counts, and `advance`, called after every decode step,
+moves the layer's one batch of swaps on as far as the GPU allows (plan and retire once the
+snapshot has arrived; write the slots on the side stream; map them once written; hand kt-kernel
+the experts once the decode stream has passed the mapping). A layer starts no new batch while
+one is in flight. A batch whose writes fail (a changed or truncated file, say) leaves its slots
+empty, the CPU serving their experts, and stops that layer's swaps with one log line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +35,14 @@ import torch
 from kernels_triton.formats.codecs import e8m0_to_float
 from winport.hybrid.hot_experts import DEFAULT_MARGIN, DEFAULT_MAX_SWAPS, RouteCounts, Swap, plan_swaps
 from winport.hybrid.slots import SlotMap
+from winport.hybrid.swap_stream import Marker, SwapStreams
 
 MXFP4_BLOCK = 32  # inputs per E8M0 scale
+
+# The phases of HotLayer's batch of swaps with streams: nothing in flight, the counts' snapshot on
+# its way, the slots' writes on the side stream, the map written but kt-kernel not yet told; or
+# stopped after a failed write.
+IDLE, COUNTING, WRITING, MAPPING, FAILED = "idle", "counting", "writing", "mapping", "failed"
 
 # What kind of step a route comes from: the rows of HotLayer.hits and the values of its step-kind tensor.
 PREFILL, DECODE, UNCOUNTED = 0, 1, 2
@@ -138,8 +151,10 @@ class HotLayer:
 
     def __init__(self, slots: SlotMap, weights: SlotWeights, read_expert: ReadExpert, decay: float,
                  margin: float = DEFAULT_MARGIN, max_swaps: int = DEFAULT_MAX_SWAPS,
-                 step_kind: torch.Tensor | None = None) -> None:
-        """`step_kind` is the step clock's shared tensor; without one every forward counts as decode."""
+                 step_kind: torch.Tensor | None = None, streams: SwapStreams | None = None,
+                 name: str = "a hybrid MoE layer") -> None:
+        """`step_kind` is the step clock's shared tensor; without one every forward counts as decode.
+        With `streams` the swaps run without blocking (module docstring); `name` is for the log."""
         if weights.w13.shape[0] != slots.num_slots:
             raise ValueError(f"{weights.w13.shape[0]} slot weights for {slots.num_slots} slots")
         device = slots.slot_of.device
@@ -154,6 +169,13 @@ class HotLayer:
         # on the router's device (int64: never saturates).
         self.hits = torch.zeros(3, 2, dtype=torch.int64, device=device)
         self.swaps_done = 0
+        self.streams, self.name = streams, name
+        # The one batch of swaps in flight (with streams): its phase and what the phase waits for.
+        self.phase = IDLE
+        self._counts_host: torch.Tensor | None = None
+        self._marker: Marker | None = None
+        self._writes: Future[None] | None = None
+        self._flight: list[Swap] = []
 
     def observe_routes(self, logical_ids: torch.Tensor) -> None:
         """Before the remap: fold the step's logical ids into the counts (if the step counts)."""
@@ -166,7 +188,13 @@ class HotLayer:
         self.hits.index_add_(0, self.step_kind, row)
 
     def refresh(self) -> list[Swap]:
-        """Read the counts, make the swaps they call for, and return them."""
+        """Without streams: read the counts, make the swaps they call for, and return them.
+        With streams: snapshot the counts for `advance` unless a batch is in flight; returns []."""
+        if self.streams is not None:
+            if self.phase == IDLE:
+                self._counts_host, self._marker = self.streams.snapshot(self.counts.counts[: self.counts.num_experts])
+                self.phase = COUNTING
+            return []
         swaps = plan_swaps(self.counts.read(), self.slots.resident(), self.margin, self.max_swaps)
         for sw in swaps:
             self.slots.retire(sw.slot)
@@ -174,6 +202,54 @@ class HotLayer:
             self.slots.admit(sw.slot, sw.into)
         self.swaps_done += len(swaps)
         return swaps
+
+    def advance(self) -> list[Swap]:
+        """With streams: move the batch in flight on as far as the GPU has got, without waiting;
+        returns the swaps completed by this call (kt-kernel handed their experts)."""
+        if self.streams is None:
+            return []
+        if self.phase == COUNTING and self._passed():
+            assert self._counts_host is not None
+            counts, self._counts_host = self._counts_host.tolist(), None
+            self._flight = plan_swaps(counts, self.slots.resident(), self.margin, self.max_swaps)
+            if not self._flight:
+                self.phase = IDLE
+                return []
+            for sw in self._flight:
+                self.slots.retire(sw.slot)
+            writes = [(sw.slot, sw.into) for sw in self._flight]
+            self._writes = self.streams.start(self.streams.mark(), lambda: self._write_slots(writes))
+            self.phase = WRITING
+        if self.phase == WRITING and self._writes is not None and self._writes.done():
+            err = self._writes.exception()
+            self._writes = None
+            if err is not None:
+                self.phase = FAILED
+                print(f"winport: GPU expert swaps of {self.name} stopped: writing experts "
+                      f"{[sw.into for sw in self._flight]} into their slots failed ({err}); the slots stay empty "
+                      f"and the CPU serves those experts", flush=True)
+                return []
+            for sw in self._flight:
+                self.slots.map_slot(sw.slot, sw.into)
+            self._marker = self.streams.mark()
+            self.phase = MAPPING
+        if self.phase == MAPPING and self._passed():
+            for sw in self._flight:
+                self.slots.hand_to_gpu(sw.into)
+            done, self._flight = self._flight, []
+            self.swaps_done += len(done)
+            self.phase = IDLE
+            return done
+        return []
+
+    def _passed(self) -> bool:
+        assert self._marker is not None
+        return self._marker.query()
+
+    def _write_slots(self, writes: list[tuple[int, int]]) -> None:
+        # Runs in the swap worker on the side stream: each slot is unmapped until its write is done.
+        for slot, expert in writes:
+            self.weights.write(slot, self.read_expert(expert))
 
     def hit_counts(self) -> dict[str, tuple[int, int]]:
         """Per counted step kind ("prefill", "decode"): (routes the GPU served, routes) since start

@@ -122,14 +122,15 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
                   f"GPU slots {hot}, starting with {self.slot_start}", flush=True)
 
     def _follow_routes(self, layer: torch.nn.Module) -> str:
-        """With WINPORT_HOT_EXPERTS=1, let this layer's slots follow its routes (winport.hybrid.hot_swap),
-        reading the experts that move from the model's files (winport.hybrid.expert_source); says what
-        the slots do."""
+        """Unless WINPORT_HOT_EXPERTS says otherwise (on with CUDA by default), let this layer's slots
+        follow its routes (winport.hybrid.hot_swap), reading the experts that move from the model's
+        files (winport.hybrid.expert_source); says what the slots do."""
         from winport.hybrid import hot_registry
 
         assert self.hybrid is not None
-        if not hot_registry.enabled():
-            return "fixed"
+        cuda = self.hybrid.slots.slot_of.is_cuda
+        if not hot_registry.enabled(cuda):
+            return f"fixed ({hot_registry.envs.WINPORT_HOT_EXPERTS.name}=0)" if cuda else "fixed"
         if not 0 < self.num_slots < self.hybrid.kt.num_experts:
             return "fixed (no expert left to swap)"
         from sglang.srt.runtime_context import get_server_args
@@ -149,12 +150,19 @@ class WinportKTMoEMethod(FusedMoEMethodBase):
         if problem is not None:
             raise RuntimeError(f"{_name(layer)}: expert {first} in GPU slot 0 is not what a hot-expert swap would "
                                f"write ({problem}); SGLang's expert loading changed, review winport.hybrid.hot_swap "
-                               f"or serve without {hot_registry.envs.WINPORT_HOT_EXPERTS.name}=1")
+                               f"or serve with {hot_registry.envs.WINPORT_HOT_EXPERTS.name}=0")
         reg = hot_registry.registry()
+        device = self.hybrid.slots.slot_of.device
+        streams = None
+        if cuda:
+            from winport.hybrid.swap_stream import cuda_swap_streams
+
+            streams = cuda_swap_streams(device)
         self.hybrid.hot = HotLayer(self.hybrid.slots, weights, source, hot_registry.decay(),
-                                   step_kind=reg.step_kind(self.hybrid.slots.slot_of.device))
+                                   step_kind=reg.step_kind(device), streams=streams, name=_name(layer))
         reg.add(self.hybrid.hot)
-        return f"follow the routes (refreshed every {reg.every} decode steps)"
+        how = "swapped on a side stream" if cuda else "swapped in place"
+        return f"follow the routes (refreshed every {reg.every} decode steps, {how})"
 
     def _record_routes(self, layer: torch.nn.Module) -> None:
         """With WINPORT_EXPERTS_RECORD=FILE, count this layer's routes into FILE (winport.hybrid.route_record)."""

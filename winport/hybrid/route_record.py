@@ -4,8 +4,8 @@
 through it) counts, in every hybrid MoE layer, how often each routed expert was chosen in prefill
 and in decode, undecayed, and writes the totals to FILE whenever the scheduler goes idle (so the
 file always holds every finished request). `--expert-placement FILE` fills each layer's GPU slots
-with that layer's most-routed experts before the weights load, instead of experts 0..N-1; with
-WINPORT_HOT_EXPERTS=1 the slots follow the text from there.
+with that layer's most-routed experts before the weights load, instead of experts 0..N-1; with hot
+experts on (the CUDA default, WINPORT_HOT_EXPERTS) the slots follow the text from there.
 
 The file (JSON, FORMAT):
     {"format": "winport-expert-routes/1", "num_experts": E, "top_k": k,

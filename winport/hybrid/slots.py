@@ -73,6 +73,17 @@ class SlotMap:
 
         The map first, then (once the stream has passed that write) kt-kernel's mask: a step still
         in flight computes the expert on the CPU, as its ids say; no step reads the slot before.
+        This waits for the stream; HotLayer's CUDA swaps call the two halves apart instead.
+        """
+        self.map_slot(slot, expert)
+        if self.slot_of.is_cuda:
+            torch.cuda.current_stream(self.slot_of.device).synchronize()
+        self.hand_to_gpu(expert)
+
+    def map_slot(self, slot: int, expert: int) -> None:
+        """The first half of `admit`: steps enqueued from now on send `expert`'s routes to slot `slot`.
+
+        kt-kernel's mask still says CPU: call `hand_to_gpu` once the stream has passed this write.
         """
         if not 0 <= slot < self.num_slots or self.resident()[slot] >= 0:
             raise ValueError(f"slot {slot} is not an empty slot of {self.num_slots}")
@@ -80,8 +91,15 @@ class SlotMap:
             raise ValueError(f"expert {expert} already sits in slot {self.host_slot_of[expert]}")
         self.host_slot_of[expert] = slot
         self.slot_of[expert] = slot
-        if self.slot_of.is_cuda:
-            torch.cuda.current_stream(self.slot_of.device).synchronize()
+
+    def hand_to_gpu(self, expert: int) -> None:
+        """The second half of `admit`: kt-kernel's mask marks `expert` as the GPU's.
+
+        Only safe once no step enqueued before `map_slot` is left to run: such a step still gives
+        kt-kernel the expert's id, and a masked expert would then be served by neither side.
+        """
+        if self.host_slot_of[expert] < 0:
+            raise ValueError(f"expert {expert} is in no GPU slot")
         self.mask[expert] = True
 
     def split_(self, topk_ids: torch.Tensor) -> torch.Tensor:

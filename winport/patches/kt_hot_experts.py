@@ -4,8 +4,9 @@ Targets sglang 0.5.23 `srt/model_executor/model_runner.py:ModelRunner.forward`, 
 step in the scheduler process whether the step replays a CUDA graph or runs eagerly. Before the
 forward the registry says whether its routes count as decode or prefill (DSpark's verify steps
 count as decode, other modes not at all); after a decode forward has been enqueued it counts the
-step and refreshes the layers' slots every interval. A hook that changes nothing unless
-WINPORT_HOT_EXPERTS=1 registered a layer or --record-experts a route record.
+step, moves the swaps in flight on and refreshes the layers' slots every interval. A hook that
+changes nothing unless a hot-swapping layer (WINPORT_HOT_EXPERTS, on by default with CUDA) or
+--record-experts' route record registered.
 
 Also targets sglang 0.5.23 `srt/managers/scheduler.py:Scheduler.on_idle`, which the scheduler's
 loops call whenever no batch is left to run: the route record is written there, so the file holds
