@@ -4,7 +4,7 @@
 # 0.7.2's cp312 kt_kernel as one xz tarball, so both stay under the 64 MiB that reaches the GPU machine).
 # Usage (device, repo root): bash scripts/gpu/hybrid_check.sh PART...
 #   kt     kt-kernel MXFP4 experts at V4.1 shapes vs the read probe (scripts/bench/kt_experts.py)
-#   layer  the gpu-marked hybrid layer tests (tests/hybrid/test_kt_moe_layer.py)
+#   layer  the gpu-marked hybrid layer tests (tests/hybrid/test_kt_moe_layer.py, test_hot_swap_streams.py)
 #   live   the demo served hybrid (--gpu-experts 4, CUDA graphs) vs all-GPU (tests/hybrid/test_kt_hybrid_gpu_live.py)
 #   moe    the Triton MXFP4 MoE GPU tests and benchmark (tests/ops/test_mxfp4_moe.py, scripts/bench/mxfp4_moe.py)
 #   split  one full-width hybrid layer: GPU work, CPU work, wait (scripts/bench/hybrid_layer.py)
@@ -35,7 +35,7 @@ for part in "$@"; do
       tail -20 "$OUT/kt.log" ;;
   layer) echo "=== layer: hybrid layer GPU tests ==="
       PYTHONPATH=$(ops_site) timeout "${T_LAYER:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider \
-        tests/hybrid/test_kt_moe_layer.py > "$OUT/layer.log" 2>&1
+        tests/hybrid/test_kt_moe_layer.py tests/hybrid/test_hot_swap_streams.py > "$OUT/layer.log" 2>&1
       tail -25 "$OUT/layer.log" ;;
   live) echo "=== live: hybrid demo vs all-GPU ==="
       timeout "${T_LIVE:-420}" bash scripts/gpu/serve_demo.sh tests/hybrid/test_kt_hybrid_gpu_live.py -s \
