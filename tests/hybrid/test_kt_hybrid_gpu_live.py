@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import REPO_ROOT
 from tests.serve import _greedy_judge as greedy_judge
-from tests.serve._server import Server, generate, running, start
+from tests.serve._server import Server, generate, running, start, stop, wait_ready
 from tests.serve.test_server_live import (
     GREEDY_PROMPTS,
     GREEDY_TOKENS,
@@ -40,7 +40,15 @@ def servers() -> Iterator[tuple[Server, Server]]:
 
     # With the swaps on (the CUDA default), SGLang's /metrics too, where the hot experts' counters appear.
     metrics = ["--", "--enable-metrics"] if envs.WINPORT_HOT_EXPERTS.get() is not False else []
+    # One after the other: SGLang checks its fraction against the card's free memory before and
+    # after loading, and a second server loading meanwhile counts as this one's weights (the plan
+    # sizes a demo's fraction to about 1.2 GiB; 2026-12-04 the concurrent start failed that check).
     hybrid = start(["--demo", "--gpu-experts", "4", "--vram-gib", "32", *metrics])
+    try:
+        wait_ready(hybrid)
+    except BaseException:
+        stop(hybrid)
+        raise
     full = start(["--demo", "--vram-gib", "32"])
     with running(hybrid, full):
         yield hybrid, full
