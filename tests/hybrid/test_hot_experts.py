@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from winport.hybrid.hot_experts import RouteCounts, Swap, plan_swaps
+from winport.hybrid.hot_experts import DEFAULT_MARGIN, RouteCounts, Swap, plan_swaps
 from winport.hybrid.slots import SlotMap
 
 E, SLOTS, K, PHASE = 64, 16, 6, 3000
@@ -88,12 +88,14 @@ def test_gpu_share_follows_a_shifting_hot_set(seed: int) -> None:
 
 
 def test_equal_heat_never_trades_places() -> None:
+    assert DEFAULT_MARGIN == 2.0  # the bars below are written for it
     counts = [10.0] * 8
     assert plan_swaps(counts, [0, 1, 2, 3]) == []
-    counts[5] = 12.6  # more than 1.25 x 10
+    counts[5] = 20.1  # more than 2 x 10
     assert plan_swaps(counts, [0, 1, 2, 3]) == [Swap(0, 0, 5)]
-    counts[6] = 12.4  # not enough
+    counts[6] = 19.9  # not enough
     assert plan_swaps(counts, [0, 1, 2, 3]) == [Swap(0, 0, 5)]
+    assert plan_swaps(counts, [0, 1, 2, 3], margin=1.25) == [Swap(0, 0, 5), Swap(1, 1, 6)]
     assert plan_swaps([0.0, 3.0, 0.0], [-1, -1]) == [Swap(0, -1, 1)]  # empty slots take routed experts only
     with pytest.raises(ValueError, match="forever"):
         plan_swaps(counts, [0], margin=0.9)
