@@ -3,28 +3,21 @@ Monte Carlo reference, its inputs file, and its output."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "decode_budget.py"
+from tests.bench._script import load
 
 
 @pytest.fixture(scope="module")
 def db() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("decode_budget", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["decode_budget"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load("decode_budget")
 
 
 @pytest.mark.parametrize(("pool", "per_token", "tokens"), [(297, 0.9, 1), (297, 0.9, 5), (87, 5.1, 5), (16, 3.0, 8)])

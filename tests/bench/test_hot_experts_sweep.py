@@ -2,25 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "hot_experts_sweep.py"
+from tests.bench._script import load
 
 
 @pytest.fixture(scope="module")
 def sweep() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hot_experts_sweep", SCRIPT)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["hot_experts_sweep"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load("hot_experts_sweep")
 
 
 def test_the_stream_routes_distinct_experts_by_the_phase_permutation(sweep: ModuleType) -> None:
