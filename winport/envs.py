@@ -118,6 +118,11 @@ WINPORT_EXPERT_PLACEMENT = EnvVar(
 WINPORT_GGUF_THREADS = EnvVar(
     "WINPORT_GGUF_THREADS", "int", None, default_text="torch's intra-op threads",
     why="Worker threads for load-time GGUF conversion.")
+WINPORT_GGUF_KEEP_PAGE_CACHE = EnvVar(
+    "WINPORT_GGUF_KEEP_PAGE_CACHE", "bool", False,
+    why="1 keeps a GGUF's bytes in the page cache once loading has copied them into place (by default they are "
+        "dropped, so the machine holds the weights once; keep them where RAM holds both copies and the server "
+        "restarts often, or to benchmark warm re-reads).")
 WINPORT_GGUF_REPACK_CHUNK = EnvVar(
     "WINPORT_GGUF_REPACK_CHUNK", "int", 32768,
     why="MXFP4 blocks per repacking work item (L2-sized; winport.gguf.mxfp4_repack), read at import.")
@@ -238,7 +243,7 @@ _OWN = (
     WINPORT_CUDA_GRAPH, WINPORT_GPU_MXFP4_MOE, WINPORT_CPU_TORCH_KERNELS, WINPORT_ENGRAM_GGUF, WINPORT_KT_MOE,
     WINPORT_HOT_EXPERTS, WINPORT_HOT_EXPERTS_INTERVAL, WINPORT_HOT_EXPERTS_DECAY,
     WINPORT_EXPERTS_RECORD, WINPORT_EXPERT_PLACEMENT,
-    WINPORT_GGUF_THREADS, WINPORT_GGUF_REPACK_CHUNK, WINPORT_GGUF_DEQUANT_CHUNK,
+    WINPORT_GGUF_THREADS, WINPORT_GGUF_KEEP_PAGE_CACHE, WINPORT_GGUF_REPACK_CHUNK, WINPORT_GGUF_DEQUANT_CHUNK,
 )
 _TEST_VARS = (
     WINPORT_RECORD_TRITON, WINPORT_TRITON_COMPILE_PROCS, WINPORT_TEST_SERVER_LOG_DIR, WINPORT_VISION_CAPTURE_DIR,

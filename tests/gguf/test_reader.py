@@ -203,3 +203,40 @@ def test_error_empty_and_missing(tmp_path: Path) -> None:
     with pytest.raises(GGUFError, match="cannot open"):
         GGUFFile(tmp_path / "nope.gguf")
     assert issubclass(GGUFError, ValueError)
+
+
+def _resident_bytes(path: Path) -> int:
+    """Bytes of `path` in the page cache (util-linux fincore)."""
+    import subprocess
+
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.split()[0])
+
+
+def test_release_drops_a_tensors_pages_from_the_page_cache(tmp_path: Path, rng: np.random.Generator) -> None:
+    """Once a tensor's bytes are in their final place, release() drops them from the page cache too
+    (the machine then holds them once), leaving the other tensors cached and the data readable."""
+    import os
+    import shutil
+    import sys
+
+    if not sys.platform.startswith("linux") or shutil.which("fincore") is None:
+        pytest.skip("page-cache residency is read with Linux's fincore")
+    big = rng.standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB each
+    p = write_gguf(tmp_path / "m.gguf", "deepseek41", {"a.first": ("F32", big), "a.second": ("F32", big * 2)})
+    with open(p, "rb+") as f:  # written pages stay dirty until written back, and dirty pages stay cached
+        os.fsync(f.fileno())
+    p.read_bytes()  # into the page cache
+    if _resident_bytes(p) < p.stat().st_size * 0.9:
+        pytest.skip(f"{tmp_path}'s filesystem does not keep this file in the page cache")
+    with open_gguf(p) as m:
+        first, second = m["a.first"], m["a.second"]
+        np.testing.assert_array_equal(first.raw().view(np.float32).reshape(1024, 1024), big)
+        before = _resident_bytes(p)
+        first.release()
+        after = _resident_bytes(p)
+        assert before - after >= first.nbytes - 2 * 4096, (before, after, first.nbytes)
+        assert after >= second.nbytes - 4096  # the other tensor stays cached
+        # Still readable: the next touch reads the disk.
+        np.testing.assert_array_equal(first.raw().view(np.float32).reshape(1024, 1024), big)

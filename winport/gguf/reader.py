@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from winport import envs
+
 from .dequant import dequantize
 from .errors import GGUFError
 from .types import (
@@ -98,7 +100,8 @@ class GGUFTensor:
         return dequantize(self.raw(), self.type.id, self.shape, dtype=dtype, name=self.name, path=self.path)
 
     def release(self) -> None:
-        """Tell the OS this tensor's mapped pages are not needed now (they stay in the page cache)."""
+        """Tell the OS this tensor's bytes are in their final place: unmap its pages and drop them from
+        the page cache (Linux; a later read goes to the disk)."""
         self._file._release(self.offset, self.nbytes)
 
 
@@ -195,6 +198,7 @@ class GGUFFile:
         self.path = Path(path)
         self._fh = None
         self._mm: mmap.mmap | None = None
+        self.drop_page_cache = not envs.WINPORT_GGUF_KEEP_PAGE_CACHE.get()  # read by _release
         try:
             self._fh = open(self.path, "rb")
             size = os.fstat(self._fh.fileno()).st_size
@@ -322,19 +326,30 @@ class GGUFFile:
         return np.frombuffer(self._mm, dtype=np.uint8, count=nbytes, offset=offset)
 
     def _release(self, offset: int, nbytes: int) -> None:
-        # MADV_DONTNEED on a read-only file mapping only unmaps pages from this process: the data
-        # stays in the page cache and is faulted back in on the next touch, so even pages shared
-        # with a live zero-copy view stay correct. Windows has no madvise; there the working set
-        # trimmer does the same job under memory pressure.
+        # Called once a tensor's bytes have been copied into their final place (converted, repacked,
+        # handed to kt-kernel), so the machine holds them once, not also in the page cache.
+        # MADV_DONTNEED on a read-only file mapping unmaps the pages from this process (a later
+        # touch faults them back in, so even pages shared with a live zero-copy view stay correct);
+        # then POSIX_FADV_DONTNEED drops them from the page cache (pages another mapping still uses
+        # stay; a hot-expert swap that reads them again reads the disk; WINPORT_GGUF_KEEP_PAGE_CACHE=1
+        # keeps them). Windows has neither: its
+        # working-set trimmer and standby list give the memory back under pressure.
         mm = self._mm
-        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED") or nbytes <= 0:
+        if mm is None or nbytes <= 0:
             return
         page = mmap.PAGESIZE
         start = offset // page * page
         end = min(-(-(offset + nbytes) // page) * page, self.size)
-        if end > start:
+        if end <= start:
+            return
+        if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
             try:
                 mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+            except (OSError, ValueError):
+                pass
+        if hasattr(os, "posix_fadvise") and self._fh is not None and self.drop_page_cache:
+            try:
+                os.posix_fadvise(self._fh.fileno(), start, end - start, os.POSIX_FADV_DONTNEED)
             except (OSError, ValueError):
                 pass
 
