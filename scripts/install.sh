@@ -3,6 +3,12 @@
 # (--dev adds the test tools, --dry-run only prints). Idempotent: re-running reuses what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Look for Python outside an active venv: another checkout's venv would run that checkout's installer
+# (its editable winport shadows this one) and set up that checkout instead of this one.
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$VIRTUAL_ENV/bin" | paste -sd: -)
+  unset VIRTUAL_ENV
+fi
 PY="${WINPORT_PYTHON:-}"
 if [ -z "$PY" ]; then
   for cand in python3.11 python3; do
