@@ -64,12 +64,14 @@ def _hot_moe(ex: dict[str, torch.Tensor], decay: float,
 
 
 def _biased_routing(gen: torch.Generator, t: int, hot: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-2 routes where each token's first expert is one of `hot` and the second any other."""
+    """Top-2 routes where each token's first expert is one of `hot` and the second any other but the
+    start placement's 0..SLOTS-1: those stay unrouted, the coldest, so which swaps a refresh makes
+    never hinges on count noise near the swap margin (the seed is fresh every run)."""
     x = torch.randn(t, H, generator=gen).bfloat16()
     rows = []
     for _ in range(t):
         first = hot[int(torch.randint(len(hot), (1,), generator=gen))]
-        rest = [e for e in torch.randperm(E, generator=gen).tolist() if e != first]
+        rest = [e for e in torch.randperm(E, generator=gen).tolist() if e != first and e >= SLOTS]
         rows.append([first, rest[0]])
     w = torch.rand(t, TOPK, generator=gen) + 0.1
     return x, torch.tensor(rows, dtype=torch.int32), w / w.sum(-1, keepdim=True)
