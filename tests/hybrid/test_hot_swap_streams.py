@@ -196,7 +196,8 @@ def test_the_step_clock_advances_every_step_and_refreshes_every_interval() -> No
 
 
 def test_cpu_layers_swap_in_place() -> None:
-    """Without streams (the CPU server) advance does nothing and refresh swaps at once."""
+    """Without streams (the CPU server) advance does nothing and nothing is ever in flight (its
+    refresh swaps at once: test_hot_swap.py)."""
     ex = _experts(torch.Generator().manual_seed(3))
     kt = _kt(ex, LIMIT)
     slots = SlotMap(kt.mask, SLOTS, "cpu")
