@@ -300,3 +300,44 @@ def test_cli_info_shows_the_cache(tiny: tuple[Path, dict], tmp_path: Path, capsy
     (tmp_path / "cache" / "gguf" / "k1" / "config.json").write_bytes(b"x" * 2_500_000)
     assert info_main([str(path), "--no-tensors"]) == 0
     assert "1 folder(s), 2.5 MB" in capsys.readouterr().out
+
+
+def _prefetch_log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the tensors GGUFTensor.prefetch is asked for, in order (and prefetch nothing)."""
+    from winport.gguf import reader
+
+    log: list[str] = []
+    monkeypatch.setattr(reader.GGUFTensor, "prefetch", lambda self: log.append(self.name))
+    return log
+
+
+def test_loading_prefetches_each_tensor_before_it_converts(tiny: tuple[Path, dict],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load stream asks the OS for every tensor it reads whole before it converts that tensor
+    (the next one's reads then overlap this one's conversion), in file order, each once."""
+    path, _ = tiny
+    log = _prefetch_log(monkeypatch)
+    with load_gguf_model(path, draft=False, mmproj=False) as lm:
+        streamed = [t.name for t in sorted((lm.model[g] for g, m in lm.plan.mapped.items() if m.role != "engram"),
+                                           key=lambda t: t.offset)]
+        seen: list[str] = []
+        it = lm.weights(progress=False)
+        for _ in it:
+            seen.append(log[-1])
+    assert log == streamed, "every streamed tensor prefetched once, in file order"
+    # Prefetched ahead: after the first tensor's outputs, the second one was asked for already.
+    assert seen[0] == streamed[1]
+
+
+def test_loading_only_some_experts_does_not_prefetch_their_whole_tensor(tiny: tuple[Path, dict],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With an expert filter (the GPU's experts; kt-kernel reads the rest later) the expert tensors
+    are read in part, so a whole-tensor prefetch would read bytes nobody asked for."""
+    path, _ = tiny
+    log = _prefetch_log(monkeypatch)
+    with load_gguf_model(path, draft=False, mmproj=False) as lm:
+        experts = {lm.model[g].name for g, m in lm.plan.mapped.items() if m.role == "experts"}
+        assert experts
+        for _ in lm.weights(progress=False, expert_filter=lambda layer, e: e == 0):
+            pass
+    assert log and not experts & set(log)

@@ -240,3 +240,35 @@ def test_release_drops_a_tensors_pages_from_the_page_cache(tmp_path: Path, rng: 
         assert after >= second.nbytes - 4096  # the other tensor stays cached
         # Still readable: the next touch reads the disk.
         np.testing.assert_array_equal(first.raw().view(np.float32).reshape(1024, 1024), big)
+
+
+def test_prefetch_reads_a_dropped_tensor_back_into_the_page_cache(tmp_path: Path, rng: np.random.Generator) -> None:
+    """prefetch() brings a tensor's pages into the page cache without the caller touching them
+    (POSIX_FADV_WILLNEED on the prefetch thread)."""
+    import os
+    import shutil
+    import sys
+    import time
+
+    if not sys.platform.startswith("linux") or shutil.which("fincore") is None:
+        pytest.skip("page-cache residency is read with Linux's fincore")
+    big = rng.standard_normal((1024, 1024)).astype(np.float32)  # 4 MiB each
+    p = write_gguf(tmp_path / "m.gguf", "deepseek41", {"a.first": ("F32", big), "a.second": ("F32", big * 2)})
+    with open_gguf(p) as m:
+        first = m["a.first"]
+        # Dropped after opening: parsing the header may have read ahead into the data.
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        if _resident_bytes(p) > 256 * 1024:
+            pytest.skip(f"{tmp_path}'s filesystem does not drop this file's pages on request")
+        first.prefetch()
+        deadline = time.monotonic() + 10
+        while _resident_bytes(p) < first.nbytes - 4096 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        have = _resident_bytes(p)
+        assert have >= first.nbytes - 4096, (have, first.nbytes)
+        np.testing.assert_array_equal(first.raw().view(np.float32).reshape(1024, 1024), big)

@@ -641,8 +641,18 @@ def _stream(
         return prefix + target[len("layers.") :] if prefix and target.startswith("layers.") else target
 
     bar = tqdm(total=sum(t.nbytes for t, _ in items), unit="B", unit_scale=True, desc="gguf load", disable=not progress)
+    def whole(m: _names.Mapping) -> bool:  # is every byte of this tensor read in this pass?
+        return m.role != "experts" or expert_filter is None
+
     try:
-        for t, m in items:
+        if items and whole(items[0][1]):
+            items[0][0].prefetch()
+        for i, (t, m) in enumerate(items):
+            # The next tensor's bytes are read from disk while this one converts (a cold page cache
+            # would otherwise fault them in 128 KiB at a time, the disk idle during each conversion).
+            # Expert tensors read only in part (the GPU's experts) are not prefetched whole.
+            if i + 1 < len(items) and whole(items[i + 1][1]):
+                items[i + 1][0].prefetch()
             target = rename(m.target)
             if m.role == "fp8" and dense_fp8:
                 w, s = to_fp8_blocks(t, cfg.fp8_block, scale_fmt=cfg.scale_fmt)
