@@ -17,7 +17,9 @@ set: the server's loader drops the bytes it has copied into place), then in the 
      kernel speedup / reference speedup is the kernel's thread-scaling efficiency. With
      ``--baseline REV`` the conversion code of git revision REV (winport/gguf/mxfp4_repack.py and
      convert.py) is timed interleaved with the current code: before/after from one run.
-Usage: python scripts/bench/gguf_load.py [--gib 3] [--path /tmp/winport_bench.gguf]
+With ``--cold`` every read and the load start from a dropped page cache (posix_fadvise DONTNEED on
+the file, no privileges needed; the bytes left resident are printed).
+Usage: python scripts/bench/gguf_load.py [--gib 3] [--path /tmp/winport_bench.gguf] [--cold]
            [--threads 1,2,4,8,16] [--baseline REV] [--kernels-only] [--reps 9]
 """
 
@@ -153,6 +155,42 @@ def sequential_read(path: Path, chunk: int = 16 << 20) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
+def drop_page_cache(path: Path) -> None:
+    """Drop the file's clean pages from the page cache (posix_fadvise DONTNEED after an fsync, which
+    needs no privileges); resident_bytes says how much stayed (pages another process maps stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of the file in the page cache now (mincore over a fresh read-only mapping)."""
+    import ctypes
+    import mmap
+
+    size = path.stat().st_size
+    page = mmap.PAGESIZE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as fh:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fh.fileno(), 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {path} failed")
+        try:
+            vec = ctypes.create_string_buffer(-(-size // page))
+            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {path} failed")
+            return sum(b & 1 for b in vec.raw) * page
+        finally:
+            libc.munmap(ctypes.c_void_p(addr), size)
+
+
 def read_into_fresh(path: Path, chunk: int = 16 << 20) -> tuple[int, float]:
     """Read the whole file into newly allocated buffers that are all kept until the end: the cost of
     producing as many resident output bytes without any conversion (first-touch page faults
@@ -181,24 +219,36 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="git revision whose conversion code to time as 'before'")
     ap.add_argument("--kernels-only", action="store_true", help="skip the full load; only the kernel tables")
     ap.add_argument("--reps", type=int, default=9, help="interleaved repetitions per cell")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the file's pages from the page cache before each read and before the load")
     args = ap.parse_args()
     threads = [int(x) for x in args.threads.split(",")]
     path = Path(args.path)
     from winport import envs
 
-    # Every figure here is of a warm page cache (the kernels re-read the same tensors); the server's
-    # loader drops what it has copied into place (winport.gguf.reader), which would make reps cold.
+    # The kernel tables re-read the same tensors from a warm page cache; the server's loader drops
+    # what it has copied into place (winport.gguf.reader), which would make their reps cold.
     envs.set_default(envs.WINPORT_GGUF_KEEP_PAGE_CACHE, "1")
     if not path.exists():
         t0 = time.perf_counter()
         write_bench_gguf(path, args.gib)
         print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f}s")
     size = path.stat().st_size
-    sequential_read(path)  # warm the page cache
+    cache = "cold" if args.cold else "warm"
+    left = 0
+    if args.cold:
+        drop_page_cache(path)
+        left = resident_bytes(path)
+    else:
+        sequential_read(path)  # warm the page cache
     nbytes, t_read = sequential_read(path)
     read_gbs = nbytes / t_read / 1e9
+    if args.cold:
+        drop_page_cache(path)
     nfresh, t_fresh = read_into_fresh(path)
     fresh_gbs = nfresh / t_fresh / 1e9
+    if args.cold:
+        drop_page_cache(path)
 
     import torch  # noqa: F401  (imported before the baseline so its RSS is not counted)
 
@@ -213,6 +263,50 @@ def main() -> int:
         thread_scaling(lm, threads, args.baseline, args.reps)
         lm.close()
         return 0
+    t_load, role_time, src_bytes, peak, final, largest = timed_load(lm)
+    if args.cold:  # the same load without the loader's prefetch (GGUFTensor.prefetch), same run
+        lm.close()
+        drop_page_cache(path)
+        from winport.gguf import reader as _reader
+
+        prefetch = _reader.GGUFTensor.prefetch
+        _reader.GGUFTensor.prefetch = lambda self: None  # type: ignore[method-assign]
+        lm = load_gguf_model(path, draft=False, mmproj=False)
+        t_nopf = timed_load(lm)[0]
+        _reader.GGUFTensor.prefetch = prefetch  # type: ignore[method-assign]
+    loaded_src = lm.total_bytes()
+    if args.cold:
+        drop_page_cache(path)
+    nbytes2, t_read2 = sequential_read(path)  # again after the load: the machine is shared, show drift
+    read2_gbs = nbytes2 / t_read2 / 1e9
+    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} "
+          f"torch={torch.__version__} threads={conversion_threads()} loadavg={os.getloadavg()[0]:.2f}")
+    print(f"file: {size / 1e9:.2f} GB, {len(lm.model)} tensors")
+    print(f"page cache {cache}: " + (f"the file's pages dropped before each read and the load, "
+          f"{left / 1e6:.0f} MB of it resident after the first drop" if args.cold else
+          "the file read once before"))
+    print(f"sequential read ({cache}): {read_gbs:.2f} GB/s before the load, {read2_gbs:.2f} GB/s after; "
+          f"read into fresh kept buffers (first-touch faults, no conversion): {fresh_gbs:.2f} GB/s")
+    print(f"load+convert all: {loaded_src / t_load / 1e9:.2f} GB/s of GGUF bytes ({t_load:.1f} s), "
+          f"{loaded_src / t_load / 1e9 / read_gbs * 100:.0f}% of sequential read")
+    if args.cold:
+        print(f"  the same cold load without the loader's prefetch: {loaded_src / t_nopf / 1e9:.2f} GB/s "
+              f"({t_nopf:.1f} s; prefetch {t_nopf / t_load:.2f}x)")
+    for role, t in sorted(role_time.items()):
+        gbs = src_bytes.get(role, 0) / max(t, 1e-9) / 1e9
+        print(f"  {role:8s} {src_bytes.get(role, 0) / 1e9:6.2f} GB in {t:6.1f} s = {gbs:.2f} GB/s "
+              f"({gbs / read_gbs * 100:.0f}% of sequential read)")
+    print(f"peak RSS during load (above baseline): {peak / 1e9:.2f} GB; final resident weights {final / 1e9:.2f} GB; "
+          f"largest tensor {largest / 1e6:.1f} MB; ratio {peak / (final + largest):.3f} (goal <= 1.2)")
+    kernels_only(lm, read_gbs)
+    thread_scaling(lm, threads, args.baseline, args.reps)
+    lm.close()
+    return 0
+
+
+def timed_load(lm: object) -> tuple[float, dict[str, float], dict[str, int], int, int, int]:
+    """Convert every weight of ``lm`` and keep it all: (seconds, seconds by role, GGUF bytes by role,
+    peak RSS above the start, final resident bytes, largest output tensor's bytes)."""
     base_rss = _status("VmRSS")
     try:  # reset the peak-RSS counter (Linux >= 4.0)
         with open("/proc/self/clear_refs", "w") as fh:
@@ -239,26 +333,7 @@ def main() -> int:
     t_load = time.perf_counter() - t0
     peak = _status("VmHWM") - base_rss
     final = sum(t.numel() * t.element_size() for t in kept.values())
-    loaded_src = lm.total_bytes()
-    nbytes2, t_read2 = sequential_read(path)  # again after the load: the machine is shared, show drift
-    read2_gbs = nbytes2 / t_read2 / 1e9
-    print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} "
-          f"torch={torch.__version__} threads={conversion_threads()} loadavg={os.getloadavg()[0]:.2f}")
-    print(f"file: {size / 1e9:.2f} GB, {len(lm.model)} tensors")
-    print(f"sequential read (page cache): {read_gbs:.2f} GB/s before the load, {read2_gbs:.2f} GB/s after; "
-          f"read into fresh kept buffers (first-touch faults, no conversion): {fresh_gbs:.2f} GB/s")
-    print(f"load+convert all: {loaded_src / t_load / 1e9:.2f} GB/s of GGUF bytes ({t_load:.1f} s), "
-          f"{loaded_src / t_load / 1e9 / read_gbs * 100:.0f}% of sequential read")
-    for role, t in sorted(role_time.items()):
-        gbs = src_bytes.get(role, 0) / max(t, 1e-9) / 1e9
-        print(f"  {role:8s} {src_bytes.get(role, 0) / 1e9:6.2f} GB in {t:6.1f} s = {gbs:.2f} GB/s "
-              f"({gbs / read_gbs * 100:.0f}% of sequential read)")
-    print(f"peak RSS during load (above baseline): {peak / 1e9:.2f} GB; final resident weights {final / 1e9:.2f} GB; "
-          f"largest tensor {largest / 1e6:.1f} MB; ratio {peak / (final + largest):.3f} (goal <= 1.2)")
-    kernels_only(lm, read_gbs)
-    thread_scaling(lm, threads, args.baseline, args.reps)
-    lm.close()
-    return 0
+    return t_load, role_time, src_bytes, peak, final, largest
 
 
 def load_baseline(rev: str) -> tuple[object, object]:
