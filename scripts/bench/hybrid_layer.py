@@ -142,6 +142,12 @@ def main() -> None:
     ap.add_argument("--swaps", type=int, default=0, help="also time each placement with batches of N expert swaps in flight")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    # The swaps convert MXFP4 with SGLang's own helper; its import must see the switches the server
+    # gives SGLang (DeepGEMM's JIT off), or it reaches for DeepGEMM modules no shim provides.
+    from winport.platform.launch_policy import sglang_switches
+
+    for k, v in sglang_switches("cuda").items():
+        os.environ.setdefault(k, v)
 
     import torch
 
