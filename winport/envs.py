@@ -124,8 +124,8 @@ WINPORT_GGUF_KEEP_PAGE_CACHE = EnvVar(
         "dropped, so the machine holds the weights once; keep them where RAM holds both copies and the server "
         "restarts often, or to benchmark warm re-reads).")
 WINPORT_GGUF_REPACK_CHUNK = EnvVar(
-    "WINPORT_GGUF_REPACK_CHUNK", "int", 32768,
-    why="MXFP4 blocks per repacking work item (L2-sized; winport.gguf.mxfp4_repack), read at import.")
+    "WINPORT_GGUF_REPACK_CHUNK", "int", None, default_text="32768, or 131072 from 8 conversion threads",
+    why="MXFP4 blocks per repacking work item (winport.gguf.mxfp4_repack.chunk_blocks), read at import.")
 WINPORT_GGUF_DEQUANT_CHUNK = EnvVar(
     "WINPORT_GGUF_DEQUANT_CHUNK", "int", 1 << 22,
     why="Values per numpy dequantization call (bounds the float32 temporaries), read at import.")

@@ -43,6 +43,11 @@ from winport.gguf.types import GGML_TYPES_BY_NAME  # noqa: E402
 H, QL, OL, E, IM = 2048, 512, 1024, 32, 1024  # hidden, q_lora, o_lora, experts, moe inter
 
 
+def _chunk(mr) -> int:  # noqa: ANN001 - the current or a --baseline revision's mxfp4_repack module
+    """The repack work-item size of ``mr`` (revisions before chunk_blocks() kept a constant)."""
+    return mr.chunk_blocks() if hasattr(mr, "chunk_blocks") else mr._CHUNK_BLOCKS
+
+
 def _layer_tensors(i: int) -> list[tuple[str, str, tuple[int, ...]]]:
     b = f"blk.{i}."
     return [
@@ -416,7 +421,7 @@ def thread_scaling(lm, threads: list[int], baseline: str | None, reps: int) -> N
             for i in range(e):
                 mr.gguf_mxfp4_into(rows[i * n : (i + 1) * n], packed[i], scales[i])
             return
-        group = max(1, -(-2 * mr.conversion_threads() * mr._CHUNK_BLOCKS // (n * k // 32)))
+        group = max(1, -(-2 * mr.conversion_threads() * _chunk(mr) // (n * k // 32)))
         for g0 in range(0, e, group):
             g1 = min(e, g0 + group)
             many([(rows[i * n : (i + 1) * n], packed[i], scales[i]) for i in range(g0, g1)])
@@ -511,7 +516,7 @@ def _share_of(iname: str, mr, c, lm, q8, best_time) -> None:  # noqa: ANN001
         print(f"  {iname:18s} {what}: {tiny * 1e6:.1f} us fixed / {full * 1e6:.0f} us = {sh * 100:.1f}% "
               f"-> at most {1 / (sh + (1 - sh) / 16):.1f}x on 16 threads")
 
-    m = mr._CHUNK_BLOCKS
+    m = _chunk(mr)
     raw = np.random.default_rng(0).integers(0, 256, m * 17 + 1, dtype=np.uint8)[1:]
     p = np.empty(m * 16, np.uint8)
     sc = np.empty(m, np.uint8)

@@ -279,3 +279,24 @@ def test_float_rows_to_fp8_equals_reference(tmp_path: Path, rng: np.random.Gener
         w, s = cv.to_fp8_blocks(m["w"], block, scale_fmt="ue8m0")
     np.testing.assert_array_equal(w.view(torch.uint8).numpy(), ref_w)
     np.testing.assert_array_equal(_bits(s.numpy()), _bits(ref_s))
+
+
+def test_repack_item_size_follows_the_conversion_threads(monkeypatch) -> None:
+    """Unset, the work item grows from 8 threads on (GIL set-up queueing); the variable overrides."""
+    monkeypatch.setattr(mxfp4_repack, "_CHUNK_BLOCKS", None)
+    sizes = {}
+    for threads in (1, 2, 7, 8, 16):
+        monkeypatch.setenv("WINPORT_GGUF_THREADS", str(threads))
+        sizes[threads] = mxfp4_repack.chunk_blocks()
+    assert sizes == {1: 32768, 2: 32768, 7: 32768, 8: 131072, 16: 131072}
+    monkeypatch.setattr(mxfp4_repack, "_CHUNK_BLOCKS", 4096)
+    assert mxfp4_repack.chunk_blocks() == 4096
+    # The items a repack makes follow it: a 16-thread pool over 4096-block items still converts
+    # every block exactly as the reference does.
+    rng = np.random.default_rng(7)
+    n = 3 * 4096 + 5
+    raw = rng.integers(0, 256, n * 17, dtype=np.uint8)
+    packed, scales = np.empty(n * 16, np.uint8), np.full(n, 0xAA, np.uint8)
+    mxfp4_repack.gguf_mxfp4_into(raw, packed, scales)
+    want_p, want_s = ref_mxfp4_to_kt(raw, n, 32)
+    assert np.array_equal(packed, want_p.reshape(-1)) and np.array_equal(scales, want_s.reshape(-1))

@@ -314,7 +314,7 @@ def iter_mxfp4_experts(
     rows = t.raw_rows()
     blocks = max(1, n * k // 32)
     # Two work items per thread per group; at most ~256 MB of outputs converted ahead of the caller.
-    group = max(1, min(-(-2 * conversion_threads() * mxfp4_repack._CHUNK_BLOCKS // blocks),  # noqa: SLF001
+    group = max(1, min(-(-2 * conversion_threads() * mxfp4_repack.chunk_blocks() // blocks),
                        (256 << 20) // (blocks * 17)))
     for g0 in range(0, e_count, group):
         g1 = min(e_count, g0 + group)

@@ -58,9 +58,17 @@ _UNZIP_STAGES = (
 )
 _LOW32 = _c(0xFFFFFFFF)
 _S32 = _c(32)
-# Blocks per work item: 32768 blocks = 557 kB of source and 2 x 512 kB of uint64 scratch (L2-sized
-# on current desktop and server cores); see the module docstring for why not smaller.
-_CHUNK_BLOCKS: int = envs.WINPORT_GGUF_REPACK_CHUNK.get()
+# Blocks per work item, when WINPORT_GGUF_REPACK_CHUNK sets it (None: chunk_blocks() picks).
+_CHUNK_BLOCKS: int | None = envs.WINPORT_GGUF_REPACK_CHUNK.get()
+# 32768 blocks = 557 kB of source and 2 x 512 kB of uint64 scratch (L2-sized on current desktop and
+# server cores): fastest on one to a few threads; see the module docstring for why not smaller.
+_CHUNK_FEW_THREADS = 32768
+# From 8 threads on, four times that: the threads queue for the GIL at each numpy call's set-up,
+# and fewer, longer calls per byte won on the 16-core H200 host (experts 2.58-2.63 GB/s against
+# 1.49-1.52 at 8 and 15 threads, medians of 3; scripts/bench/RESULTS.md, issue 22), while one
+# thread ran slower with the scratch out of L2.
+_CHUNK_MANY_THREADS = 131072
+_MANY_THREADS = 8
 
 _pool: ThreadPoolExecutor | None = None
 _threads: int | None = None  # torch's intra-op thread count, read once (see parallel_chunks)
@@ -82,6 +90,13 @@ def conversion_threads() -> int:
         except ImportError:  # pragma: no cover - torch is a dependency of the loader
             _threads = max(1, os.cpu_count() or 1)
     return _threads
+
+
+def chunk_blocks() -> int:
+    """MXFP4 blocks per repacking work item: WINPORT_GGUF_REPACK_CHUNK, else by conversion threads."""
+    if _CHUNK_BLOCKS is not None:
+        return max(1, _CHUNK_BLOCKS)
+    return _CHUNK_MANY_THREADS if conversion_threads() >= _MANY_THREADS else _CHUNK_FEW_THREADS
 
 
 def parallel_chunks(n: int, step: int, fn: Callable[[int, int], None]) -> None:
@@ -186,7 +201,7 @@ def _repack_blocks(src: np.ndarray, out64: np.ndarray, out_s: np.ndarray) -> Non
     m = out_s.shape[0]
     buf = getattr(_scratch, "buf", None)
     if buf is None or buf.size < 4 * m:
-        buf = _scratch.buf = np.empty(4 * max(m, _CHUNK_BLOCKS), dtype=np.uint64)
+        buf = _scratch.buf = np.empty(4 * max(m, chunk_blocks()), dtype=np.uint64)
     # Both scratch arrays contiguous [2, m] whatever m is (a [:, :m] slice of a wider buffer is
     # strided, and numpy's 2-D strided loops cost ~2x the per-call overhead on ragged items).
     x, t = buf[: 2 * m].reshape(2, m), buf[2 * m : 4 * m].reshape(2, m)
@@ -241,6 +256,7 @@ def gguf_mxfp4_into_many(jobs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray
                              f"{out_packed.size} + {out_scales.size} output bytes")
         checked.append((src, n, out_packed.reshape(-1), out_scales.reshape(-1)))
     items: list[tuple[np.ndarray, np.ndarray, np.ndarray, int, int]] = []
+    step = chunk_blocks()
     for src, n, p, s in checked:
         if sys.byteorder != "little" or not (p.flags.c_contiguous and s.flags.c_contiguous) or p.ctypes.data % 8:
             # The word trick assumes little-endian, aligned, contiguous output: plain path otherwise.
@@ -249,7 +265,7 @@ def gguf_mxfp4_into_many(jobs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray
             s[:] = scales.reshape(-1)
             continue
         out64 = p.view(np.uint64).reshape(n, 2)
-        items += [(src, out64, s, a, min(n, a + _CHUNK_BLOCKS)) for a in range(0, n, _CHUNK_BLOCKS)]
+        items += [(src, out64, s, a, min(n, a + step)) for a in range(0, n, step)]
 
     def work(i0: int, i1: int) -> None:
         for src, out64, s, a, b in items[i0:i1]:
