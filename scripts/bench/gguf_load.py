@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from winport.gguf.reader import drop_file_page_cache  # noqa: E402
 from winport.gguf.types import GGML_TYPES_BY_NAME  # noqa: E402
 
 H, QL, OL, E, IM = 2048, 512, 1024, 32, 1024  # hidden, q_lora, o_lora, experts, moe inter
@@ -160,17 +161,6 @@ def sequential_read(path: Path, chunk: int = 16 << 20) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def drop_page_cache(path: Path) -> None:
-    """Drop the file's clean pages from the page cache (posix_fadvise DONTNEED after an fsync, which
-    needs no privileges); resident_bytes says how much stayed (pages another process maps stay)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def resident_bytes(path: Path) -> int:
     """Bytes of the file in the page cache now (mincore over a fresh read-only mapping)."""
     import ctypes
@@ -242,18 +232,18 @@ def main() -> int:
     cache = "cold" if args.cold else "warm"
     left = 0
     if args.cold:
-        drop_page_cache(path)
+        drop_file_page_cache(path)
         left = resident_bytes(path)
     else:
         sequential_read(path)  # warm the page cache
     nbytes, t_read = sequential_read(path)
     read_gbs = nbytes / t_read / 1e9
     if args.cold:
-        drop_page_cache(path)
+        drop_file_page_cache(path)
     nfresh, t_fresh = read_into_fresh(path)
     fresh_gbs = nfresh / t_fresh / 1e9
     if args.cold:
-        drop_page_cache(path)
+        drop_file_page_cache(path)
 
     import torch  # noqa: F401  (imported before the baseline so its RSS is not counted)
 
@@ -271,7 +261,7 @@ def main() -> int:
     t_load, role_time, src_bytes, peak, final, largest = timed_load(lm)
     if args.cold:  # the same load without the loader's prefetch (GGUFTensor.prefetch), same run
         lm.close()
-        drop_page_cache(path)
+        drop_file_page_cache(path)
         from winport.gguf import reader as _reader
 
         prefetch = _reader.GGUFTensor.prefetch
@@ -281,7 +271,7 @@ def main() -> int:
         _reader.GGUFTensor.prefetch = prefetch  # type: ignore[method-assign]
     loaded_src = lm.total_bytes()
     if args.cold:
-        drop_page_cache(path)
+        drop_file_page_cache(path)
     nbytes2, t_read2 = sequential_read(path)  # again after the load: the machine is shared, show drift
     read2_gbs = nbytes2 / t_read2 / 1e9
     print(f"machine: {platform.node()} {platform.machine()} cpus={os.cpu_count()} python={platform.python_version()} "

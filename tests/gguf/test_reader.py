@@ -11,7 +11,7 @@ import pytest
 
 from tests.gguf._helpers import random_blocks, write_gguf, write_raw_gguf
 from winport.gguf import GGUFError, open_gguf
-from winport.gguf.reader import GGUFFile
+from winport.gguf.reader import GGUFFile, drop_file_page_cache
 
 
 def _sample(rng: np.random.Generator) -> dict:
@@ -245,7 +245,6 @@ def test_release_drops_a_tensors_pages_from_the_page_cache(tmp_path: Path, rng: 
 def test_prefetch_reads_a_dropped_tensor_back_into_the_page_cache(tmp_path: Path, rng: np.random.Generator) -> None:
     """prefetch() brings a tensor's pages into the page cache without the caller touching them
     (POSIX_FADV_WILLNEED on the prefetch thread)."""
-    import os
     import shutil
     import sys
     import time
@@ -257,12 +256,7 @@ def test_prefetch_reads_a_dropped_tensor_back_into_the_page_cache(tmp_path: Path
     with open_gguf(p) as m:
         first = m["a.first"]
         # Dropped after opening: parsing the header may have read ahead into the data.
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_file_page_cache(p)
         if _resident_bytes(p) > 256 * 1024:
             pytest.skip(f"{tmp_path}'s filesystem does not drop this file's pages on request")
         first.prefetch()
