@@ -7,6 +7,9 @@ routing over 384 experts (hidden 5120, intermediate 2304), prints:
   GEMV_MAX_SLOTS; also timed up to 1024 (token, slot) pairs to show the crossover) and the tl.dot kernels
   (an explicit MoeConfig), each eager and in a CUDA graph, as % of copy bandwidth for the bytes of the
   distinct experts touched; --gemv-sweep adds the GEMV_SWEEP tiles (pick the best per T);
+  --gemv-baseline FILE times another version of kernels_triton/mxfp4_moe_gemv.py (e.g. `git show
+  REV:kernels_triton/mxfp4_moe_gemv.py > FILE`) on the same inputs, with its own default tiles, and
+  checks that both give the same output bits;
 - the MXFP4 kernel's time per call (moe_align + gate/up + down + moe_sum, what a layer would
   call), the bytes of expert weights it touches (unique routed experts x (packed codes + E8M0
   scales)), GB/s and % of copy bandwidth; at decode also the time inside one CUDA graph (as
@@ -22,6 +25,7 @@ Routings rotate over several draws (decode: 8 x 6 experts x 18.8 MB = 0.9 GB > L
 come from DRAM, as in a real decode step.
 
 Usage: PYTHONPATH=. python3 scripts/bench/mxfp4_moe.py [--tokens 1,2,5,8,64,2048] [--gemv-sweep] [--sweep]
+       [--gemv-baseline FILE]
        [--no-baseline]
        [--check] [--json PATH]
        TRITON_INTERPRET=1 PYTHONPATH=. python3 scripts/bench/mxfp4_moe.py --cpu-smoke   (tiny shapes on CPU:
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import sys
@@ -57,7 +62,19 @@ SWEEP = [mm.MoeConfig(16, 64, 128, 4, 3), mm.MoeConfig(16, 128, 128, 4, 3), mm.M
 GEMV_SWEEP = [gv.GemvMoeConfig(gn, gk, gw, dn, dk, dw) for gn, gk, gw, dn, dk, dw in (
     (4, 1024, 1, 4, 1024, 1), (2, 1024, 1, 2, 1024, 1), (8, 1024, 1, 8, 1024, 1), (4, 2048, 2, 4, 1024, 1),
     (4, 1024, 1, 4, 256, 1), (4, 1024, 1, 8, 512, 1), (2, 2048, 2, 4, 2048, 2), (4, 512, 1, 4, 512, 1),
-    (1, 1024, 1, 1, 1024, 1), (8, 512, 2, 8, 256, 1), (4, 4096, 4, 4, 2048, 2), (16, 256, 1, 16, 256, 1))]
+    (1, 1024, 1, 1, 1024, 1), (8, 512, 2, 8, 256, 1), (4, 4096, 4, 4, 2048, 2), (16, 256, 1, 16, 256, 1),
+    (4, 512, 1, 8, 256, 1), (8, 512, 2, 4, 256, 1), (2, 512, 1, 4, 256, 1), (8, 1024, 2, 8, 512, 2))]
+
+
+def load_gemv_module(path: str):  # noqa: ANN201 - a module object
+    """Import another version of kernels_triton/mxfp4_moe_gemv.py from `path` under its own name."""
+    spec = importlib.util.spec_from_file_location("mxfp4_moe_gemv_baseline", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"--gemv-baseline: cannot import {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def graph_bench(calls: list[Callable[[], object]], reps: int = 20) -> float:
@@ -94,6 +111,33 @@ def torch_moe(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, expert: Call
         a = torch.nn.functional.silu(g.clamp(max=limit)) * u.clamp(-limit, limit)
         out.index_add_(0, tok, (a @ w2.T).float() * tw[tok, slot, None])
     return out.to(torch.bfloat16)
+
+
+def gemv_baseline(row: dict, base, x: torch.Tensor, experts: tuple[torch.Tensor, ...],  # noqa: ANN001
+                  draws: list, limit: float, out: torch.Tensor, wbytes: float, copy_bw: float, dev: str) -> None:
+    """Time the --gemv-baseline module's GEMV with its default tiles on the same inputs (CUDA graph on the
+    GPU) and compare its output bits with this tree's; fills row["baseline_*"] and prints a line."""
+    w13, s13, w2, s2 = experts
+    w13w, w2w = gv.words_view(w13), gv.words_view(w2)
+    emulate = dev != "cuda"
+
+    def run(mod, j: int, dst: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        ids, tw = draws[j]
+        return mod.mxfp4_moe_gemv(x, w13w, s13, w2w, s2, False, ids, tw, limit, 1.0, dst, mod.DEFAULT_GEMV_CONFIG,
+                                  emulate)
+
+    mine = run(gv, 0, torch.full_like(out, float("nan"))).clone()
+    theirs = run(base, 0, torch.full_like(out, float("nan")))
+    row["baseline_identical"] = bool(torch.equal(mine, theirs))
+    if dev == "cuda":
+        ms = graph_bench([lambda j=j: run(base, j, out) for j in range(len(draws))])
+    else:
+        ms = median_ms(lambda: run(base, 0, out), 2)
+    row["baseline_ms"] = ms
+    row["baseline_pct_copy"] = 100 * wbytes / ms / 1e6 / copy_bw
+    print(f"         baseline {ms * 1e3:9.1f} us {'CUDA graph' if dev == 'cuda' else 'eager'} "
+          f"({row['baseline_pct_copy']:5.1f}% of copy), its tiles {tuple(base.DEFAULT_GEMV_CONFIG.__dict__.values())}; "
+          f"output bits {'identical' if row['baseline_identical'] else 'DIFFER  <-- FAIL'}")
 
 
 def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torch.Tensor, ...],
@@ -146,6 +190,8 @@ def bench_tokens(t: int, args: argparse.Namespace, dev: str, experts: tuple[torc
     row.update(config=cfg.__dict__)
     if t * k <= 1024:  # the GEMV launcher's limit; beyond GEMV_MAX_SLOTS it is timed for the crossover
         timed("GEMV", gv.DEFAULT_GEMV_CONFIG, "gemv")
+        if args.baseline_module is not None:
+            gemv_baseline(row, args.baseline_module, x, experts, draws, limit, out, wbytes, copy_bw, dev)
     ms = timed("tl.dot", cfg, "tldot")
     gbps = wbytes / ms / 1e6
     row.update(ms=ms, GBps=gbps, pct_copy=100 * gbps / copy_bw)
@@ -209,6 +255,8 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time the SWEEP tile configs")
     ap.add_argument("--gemv-sweep", action="store_true", help="also time the GEMV_SWEEP tiles of the decode GEMV")
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--gemv-baseline", default="", metavar="FILE",
+                    help="another mxfp4_moe_gemv.py to time and compare bits with (see the docstring)")
     ap.add_argument("--check", action="store_true", help="compare one call per T with the float32 torch reference")
     ap.add_argument("--json", default="")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
@@ -219,6 +267,7 @@ def main() -> None:
         args.tokens, args.experts, args.hidden, args.inter, args.routings = "1,5,40", 8, 128, 64, 2
         args.check = True
     dev = "cpu" if args.cpu_smoke else "cuda"
+    args.baseline_module = load_gemv_module(args.gemv_baseline) if args.gemv_baseline else None
     if dev == "cuda" and not torch.cuda.is_available():
         raise SystemExit("no CUDA device (use --cpu-smoke with TRITON_INTERPRET=1 for a CPU dry run)")
     h, i, e, k = args.hidden, args.inter, args.experts, args.topk
