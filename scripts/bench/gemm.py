@@ -306,14 +306,11 @@ def main() -> None:
     if args.baseline:
         # The GEMV kernel as committed before this change (an untracked copy the device run carries),
         # timed with its own default config in the same run: "before" next to "after".
-        import importlib.util
+        from winport.modfile import import_file
 
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fp8_gemm_before.py")
         if os.path.exists(path):
-            spec = importlib.util.spec_from_file_location("_fp8_gemm_before", path)
-            before = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = before  # dataclasses look their module up there
-            spec.loader.exec_module(before)
+            before = import_file("_fp8_gemm_before", path)
 
     rows = []
     total_ms = 0.0

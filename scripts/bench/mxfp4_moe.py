@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import sys
@@ -51,6 +50,7 @@ from roofline import graph_time, median_ms  # noqa: E402  (sibling module: scrip
 from kernels_triton import mxfp4_moe as mm  # noqa: E402
 from kernels_triton import mxfp4_moe_gemv as gv  # noqa: E402
 from kernels_triton.formats import E2M1_VALUES  # noqa: E402
+from winport.modfile import import_file  # noqa: E402
 
 SWEEP = [mm.MoeConfig(16, 64, 128, 4, 3), mm.MoeConfig(16, 128, 128, 4, 3), mm.MoeConfig(16, 64, 256, 4, 4),
          mm.MoeConfig(16, 32, 128, 4, 4), mm.MoeConfig(32, 64, 128, 4, 3), mm.MoeConfig(64, 64, 64, 8, 3),
@@ -68,13 +68,10 @@ GEMV_SWEEP = [gv.GemvMoeConfig(gn, gk, gw, dn, dk, dw) for gn, gk, gw, dn, dk, d
 
 def load_gemv_module(path: str):  # noqa: ANN201 - a module object
     """Import another version of kernels_triton/mxfp4_moe_gemv.py from `path` under its own name."""
-    spec = importlib.util.spec_from_file_location("mxfp4_moe_gemv_baseline", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"--gemv-baseline: cannot import {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
+    try:
+        return import_file("mxfp4_moe_gemv_baseline", path)
+    except (ImportError, FileNotFoundError) as exc:
+        raise SystemExit(f"--gemv-baseline: {exc}") from exc
 
 
 def graph_bench(calls: list[Callable[[], object]], reps: int = 20) -> float:

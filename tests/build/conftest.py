@@ -6,7 +6,6 @@ when it is absent.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,17 +15,15 @@ from types import ModuleType
 
 import pytest
 
+from winport.modfile import import_file
+
 REPO = Path(__file__).resolve().parents[2]
 KTK = REPO / "build" / "ktkernel"
 
 
 def load_build_checks() -> ModuleType:
     """build/ktkernel/checks/build_checks.py, imported by path (build/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("ktwin_build_checks", KTK / "checks" / "build_checks.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_file("ktwin_build_checks", KTK / "checks" / "build_checks.py", register=False)
 
 
 def parse_kv(text: str) -> dict[str, str]:

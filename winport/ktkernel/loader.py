@@ -18,6 +18,7 @@ from types import ModuleType
 
 from winport import envs, importhooks
 from winport.ktkernel.variant import VARIANT_NAMES, detect_variant
+from winport.modfile import import_file
 
 TARGET = "kt_kernel._cpu_detect"
 # amx -> avx512_bf16 -> ... -> avx2 -> None, as in kt-kernel.
@@ -63,12 +64,7 @@ def load_extension(variant: str, package_dir: str | os.PathLike[str] | None = No
         path = find_extension(package_dir, current)
         if path is not None:
             _debug(f"loading {current} from {path}")
-            spec = importlib.util.spec_from_file_location("kt_kernel_ext", path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot create a module spec for {path}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
+            return import_file("kt_kernel_ext", path, register=False)
         tried.append(current)
         current = _FALLBACK.get(current)
     raise ImportError(
