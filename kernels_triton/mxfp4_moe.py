@@ -240,9 +240,10 @@ def _mxfp4_moe_down_kernel(
         act_ptr, w_ptr, s_ptr, y_ptr, tw_ptr, sorted_ptr, expert_ptr, post_ptr,
         num_slots, H, INTER,
         s_at, s_we, s_wn, s_se, s_sn, s_yt,
-        SCALE_F32: tl.constexpr, EMULATE_BF16: tl.constexpr,
+        SCALE_F32: tl.constexpr, EMULATE_BF16: tl.constexpr, ZERO_INVALID: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y[slot, n] = bf16(topk_weight[slot] * act[slot] @ W2[e, n]^T); zeros for expert -1 blocks."""
+    """y[slot, n] = bf16(topk_weight[slot] * act[slot] @ W2[e, n]^T); expert -1 blocks write zeros
+    (ZERO_INVALID) or nothing (their rows keep what another launch wrote: streamed groups)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     post = tl.load(post_ptr)
@@ -259,7 +260,8 @@ def _mxfp4_moe_down_kernel(
     y_ptrs = y_ptr + slot[:, None] * s_yt + offs_n[None, :]
     y_mask = valid[:, None] & n_mask[None, :]
     if e < 0:
-        tl.store(y_ptrs, tl.zeros([BLOCK_M, BLOCK_N], dtype=y_ptr.dtype.element_ty), mask=y_mask)
+        if ZERO_INVALID:
+            tl.store(y_ptrs, tl.zeros([BLOCK_M, BLOCK_N], dtype=y_ptr.dtype.element_ty), mask=y_mask)
         return
     offs_j = tl.arange(0, HALF_K)
     offs_g = tl.arange(0, GROUPS)
@@ -293,6 +295,12 @@ def _mxfp4_moe_down_kernel(
 
 def _interpreting() -> bool:
     return _env.interpreting()
+
+
+def _require_triton_device(hidden: torch.Tensor) -> None:
+    if not (hidden.is_cuda or _interpreting()):
+        raise RuntimeError("mxfp4_moe: Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tests); "
+                           "use mxfp4_moe_ref for a torch computation")
 
 
 def _scale_view(scale: torch.Tensor, name: str) -> tuple[torch.Tensor, bool]:
@@ -354,9 +362,7 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     None picks for T * top_k <= mxfp4_moe_gemv.GEMV_MAX_SLOTS.
     """
     e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
-    if not (hidden.is_cuda or _interpreting()):
-        raise RuntimeError("mxfp4_moe: Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tests); "
-                           "use mxfp4_moe_ref for a torch computation")
+    _require_triton_device(hidden)
     s13, s13_f32 = _scale_view(w13_scale, "w13_scale")
     s2, s2_f32 = _scale_view(w2_scale, "w2_scale")
     if s13_f32 != s2_f32:
@@ -378,7 +384,37 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
                                      routed_scaling_factor, out, config or gv.DEFAULT_GEMV_CONFIG, _interpreting())
         if config is not None:
             raise ValueError("mxfp4_moe: GemvMoeConfig needs w13/w2 viewable as int32 words (4-byte aligned strides)")
-    cfg = config or pick_config(numel, e)
+    y = torch.empty(numel, h, dtype=torch.bfloat16, device=hidden.device)
+    mxfp4_moe_slots(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, y, swiglu_limit,
+                    config or pick_config(numel, e), zero_invalid=True)
+    sum_topk(y.view(t, topk, h), out, routed_scaling_factor, _interpreting())
+    return out
+
+
+def mxfp4_moe_slots(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                    w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, y: torch.Tensor,
+                    swiglu_limit: float | None, config: MoeConfig, zero_invalid: bool = True) -> None:
+    """The tl.dot path up to the top-k sum: y [T * top_k, H] bf16, row t * top_k + k = the weighted
+    output of (token t, slot k).
+
+    Rows whose id is outside [0, E) are set to zero, or left as they are with ``zero_invalid=False``:
+    then launches over disjoint groups of experts (ids outside a group set to -1) fill one y between
+    them, each row exactly as one launch over all the experts would (a row's result depends only on
+    its own token and expert, and the tiles are fixed by ``config``).
+    """
+    e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
+    _require_triton_device(hidden)
+    s13, s13_f32 = _scale_view(w13_scale, "w13_scale")
+    s2, s2_f32 = _scale_view(w2_scale, "w2_scale")
+    if s13_f32 != s2_f32:
+        raise ValueError("mxfp4_moe: w13_scale and w2_scale must both be E8M0 bytes or both float32")
+    t, topk = topk_ids.shape
+    numel = t * topk
+    if tuple(y.shape) != (numel, h) or y.dtype != torch.bfloat16 or not y.is_contiguous():
+        raise ValueError(f"mxfp4_moe: y must be contiguous bf16 [{numel}, {h}], not {y.dtype} {tuple(y.shape)}")
+    if numel == 0:
+        return
+    cfg = config
     if cfg.block_k % MXFP4_GROUP or cfg.block_m < 16 or cfg.block_n < 16:
         raise ValueError(f"mxfp4_moe: bad config {cfg} (block_k a multiple of 32, block_m/n >= 16)")
     bm = cfg.block_m
@@ -395,7 +431,6 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     w2u = w2.view(torch.uint8)
     tw = topk_weights.to(torch.float32).reshape(-1).contiguous()
     act = torch.empty(numel, i, dtype=torch.bfloat16, device=dev)
-    y = torch.empty(numel, h, dtype=torch.bfloat16, device=dev)
     emulate = _interpreting()
     limit = float(swiglu_limit) if swiglu_limit else 0.0
     _mxfp4_moe_gate_up_kernel[(n_blocks, triton.cdiv(i, cfg.block_n))](
@@ -407,15 +442,17 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     _mxfp4_moe_down_kernel[(n_blocks, triton.cdiv(h, cfg.block_n))](
         act, w2u, s2, y, tw, sorted_ids, expert_ids, post, numel, h, i,
         act.stride(0), w2u.stride(0), w2u.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        SCALE_F32=s2_f32, EMULATE_BF16=emulate,
+        SCALE_F32=s2_f32, EMULATE_BF16=emulate, ZERO_INVALID=zero_invalid,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
-    sum_topk(y.view(t, topk, h), out, routed_scaling_factor, emulate)
-    return out
 
 
-def sum_topk(y: torch.Tensor, out: torch.Tensor, routed_scaling_factor: float, emulate: bool) -> None:
-    """out [T, H] = routed_scaling_factor * the sum of y [T, topk, H] over its top-k axis (both MoE paths' last step)."""
+def sum_topk(y: torch.Tensor, out: torch.Tensor, routed_scaling_factor: float, emulate: bool | None = None) -> None:
+    """out [T, H] = routed_scaling_factor * the sum of y [T, topk, H] over its top-k axis (both MoE paths' last step).
+
+    ``emulate`` (default: under TRITON_INTERPRET) rounds through fp32 with torch, as the interpreter needs."""
+    if emulate is None:
+        emulate = _interpreting()
     if emulate:
         # The interpreter truncates fp32 -> bf16 stores: sum in fp32, round with torch.
         tmp = torch.empty(y.shape[0], y.shape[2], dtype=torch.float32, device=y.device)

@@ -4,6 +4,8 @@
     kt-kernel submit(x, cpu_ids)           (CUDA: enqueued on the current stream; CPU: done here)
     gpu = gpu_experts(x, slot ids)         (unscaled; skipped when the layer has no GPU slots)
     cpu = kt-kernel sync                   (CUDA: a host function on the stream, then an H2D copy)
+    (a chunk at or above the streamer's threshold instead streams the CPU experts through the
+     GPU: cpu = ExpertStreamer.forward, kt-kernel untouched; winport.hybrid.prefill_stream)
     out = bf16(scale * (fp32(cpu) + fp32(gpu)))   routed_scaling_factor once, on the sum
 
 Under SGLang's decode CUDA graphs DeepSeek-V4's shared expert runs on its alternate stream
@@ -14,6 +16,7 @@ it runs after the sync on the same stream.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +24,9 @@ from winport.hybrid.hot_swap import HotLayer
 from winport.hybrid.kt_experts import KTExperts
 from winport.hybrid.route_record import RouteTally
 from winport.hybrid.slots import SlotMap
+
+if TYPE_CHECKING:  # importing it loads the Triton kernels, which must wait for TRITON_INTERPRET in tests
+    from winport.hybrid.prefill_stream import ExpertStreamer
 
 # (hidden [T, H], slot ids [T, k] with -1 = not resident, router weights [T, k]) -> unscaled [T, H]
 GpuExperts = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -35,6 +41,7 @@ class HybridMoE:
         self.kt, self.slots, self.gpu_experts = kt, slots, gpu_experts
         self.hot: HotLayer | None = None  # set to let the slots follow the routes (winport.hybrid.hot_swap)
         self.tally: RouteTally | None = None  # set to record the routes (winport.hybrid.route_record)
+        self.streamer: ExpertStreamer | None = None  # set to stream long chunks' CPU experts through the GPU
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 routed_scaling_factor: float = 1.0, gpu_experts: GpuExperts | None = None) -> torch.Tensor:
@@ -57,6 +64,10 @@ class HybridMoE:
             # still cost ~0.3 ms a layer on the stream (H200, scripts/bench/hybrid_layer.py). Fixed
             # per layer, so the same branch is taken at CUDA-graph capture and replay.
             gpu = run_gpu(x, topk_ids, topk_weights)
+        elif self.streamer is not None and self.streamer.wants(x):
+            # A long prefill chunk: kt-kernel is skipped, its experts computed on the GPU as they stream in.
+            cpu = self.streamer.forward(x, cpu_ids, topk_weights)
+            gpu = run_gpu(x, topk_ids, topk_weights) if gpu_work else None
         elif not self.kt.fits(x):
             # A prefill longer than kt-kernel's buffers (never under CUDA graphs): chunked, synchronous.
             cpu = self.kt.forward(x, cpu_ids, topk_weights)
