@@ -313,6 +313,15 @@ def _scale_view(scale: torch.Tensor, name: str) -> tuple[torch.Tensor, bool]:
                      f"got {scale.dtype}")
 
 
+def _scale_views(w13_scale: torch.Tensor, w2_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Both scale tensors as the kernels read them, and whether they are float32 (both or neither)."""
+    s13, s13_f32 = _scale_view(w13_scale, "w13_scale")
+    s2, s2_f32 = _scale_view(w2_scale, "w2_scale")
+    if s13_f32 != s2_f32:
+        raise ValueError("mxfp4_moe: w13_scale and w2_scale must both be E8M0 bytes or both float32")
+    return s13, s2, s13_f32
+
+
 def _check(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
            w2_scale: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> tuple[int, int, int]:
     """Validate shapes and dtypes; returns (E, H, I)."""
@@ -363,10 +372,7 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     """
     e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
     _require_triton_device(hidden)
-    s13, s13_f32 = _scale_view(w13_scale, "w13_scale")
-    s2, s2_f32 = _scale_view(w2_scale, "w2_scale")
-    if s13_f32 != s2_f32:
-        raise ValueError("mxfp4_moe: w13_scale and w2_scale must both be E8M0 bytes or both float32")
+    s13, s2, s13_f32 = _scale_views(w13_scale, w2_scale)
     t, topk = topk_ids.shape
     if out is None:
         out = torch.empty(t, h, dtype=torch.bfloat16, device=hidden.device)
@@ -404,10 +410,7 @@ def mxfp4_moe_slots(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Te
     """
     e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
     _require_triton_device(hidden)
-    s13, s13_f32 = _scale_view(w13_scale, "w13_scale")
-    s2, s2_f32 = _scale_view(w2_scale, "w2_scale")
-    if s13_f32 != s2_f32:
-        raise ValueError("mxfp4_moe: w13_scale and w2_scale must both be E8M0 bytes or both float32")
+    s13, s2, s13_f32 = _scale_views(w13_scale, w2_scale)
     t, topk = topk_ids.shape
     numel = t * topk
     if tuple(y.shape) != (numel, h) or y.dtype != torch.bfloat16 or not y.is_contiguous():
@@ -442,7 +445,7 @@ def mxfp4_moe_slots(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Te
     _mxfp4_moe_down_kernel[(n_blocks, triton.cdiv(h, cfg.block_n))](
         act, w2u, s2, y, tw, sorted_ids, expert_ids, post, numel, h, i,
         act.stride(0), w2u.stride(0), w2u.stride(1), s2.stride(0), s2.stride(1), y.stride(0),
-        SCALE_F32=s2_f32, EMULATE_BF16=emulate, ZERO_INVALID=zero_invalid,
+        SCALE_F32=s13_f32, EMULATE_BF16=emulate, ZERO_INVALID=zero_invalid,
         BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
 
