@@ -23,8 +23,9 @@ Dequantization, two codes per integer op: the weight is read as int32 words (8 c
 mask of the word moves both codes' magnitude bits to bits 9..11 of each 16-bit half and one more
 their sign bits to bit 15: each half is then the fp16 number value * 2^-14 (the bit trick of
 mxfp4_moe._e2m1_half, subnormal 0.5 included), converted to fp32 exactly. Per 8 codes: 7 shifts,
-8 masks and 4 ors instead of ~5 integer ops per code. The per-word products with x (x loaded as
-one [1, KW] row per column j, reused by every tile row a thread holds) are summed over the word,
+8 masks and 4 ors instead of ~5 integer ops per code. The per-word products with x (each word's 8
+activations read as one 16-byte load of int32 bf16 pairs and split in registers, reused by every
+tile row a thread holds) are summed over the word,
 the 4 words of a 32-column scale group summed in-thread, and only then scaled by the group's
 E8M0 scale (two power-of-two fp32 factors from mxfp4_moe._scale_pair, whose product is
 2^14 * scale): 1 multiply per 32 products instead of one per weight.
@@ -59,6 +60,8 @@ from kernels_triton.mxfp4_moe import _scale_pair, _swiglu, sum_topk
 # H200 at V4.1 shapes (scripts/bench/RESULTS.md, "MXFP4 MoE decode GEMV", 2026-12-01), in a CUDA graph
 # with DEFAULT_GEMV_CONFIG against the tl.dot kernels: T = 1 106.6 vs 270.7 us, T = 2 224.9 vs 439.4,
 # T = 5 544.6 vs 730.4, T = 8 964.6 vs 1051.4, T = 64 6384 vs 5005: the GEMV wins up to 8 tokens.
+# Reading x as int32 pairs then took T = 1 / 2 / 5 / 8 from 106.5 / 221.1 / 548.1 / 979.1 us to
+# 97.7 / 216.1 / 538.8 / 950.5 us on an H100 (same run, bits identical; RESULTS.md 2026-12-07).
 GEMV_MAX_SLOTS = 48
 # Rows (tokens) one leader serves; more tokens on one expert take several leaders (weights re-read).
 GEMV_MAX_ROWS = 8
@@ -103,32 +106,46 @@ def _half_hi(h):
 
 
 @triton.jit
-def _xcol(xb, j: tl.constexpr, kmask):
-    """Column 8 w + j of one activation row for the tile's words w, as fp32 [1, G, 4]."""
-    return tl.load(xb + j, mask=kmask, other=0.0).to(tl.float32)
+def _bf16_lo(p):
+    """Low bf16 of each int32 (a pair of activations) as fp32 (exact)."""
+    return (p << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bf16_hi(p):
+    """High bf16 of each int32 as fp32 (exact)."""
+    return (p & -0x10000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _word_dot(w, xb, kmask):
     """sum_j code_j(w) * 2^-14 * x[8 w + j] per int32 word of `w` [BLOCK_N, G, 4] (fp32).
 
+    xb [1, G, 4]: each word's 8 activations as 4 int32 bf16 pairs (x viewed as int32), read by one
+    16-byte load per word and split in registers: 8 two-byte loads per word (strided 16 bytes across
+    a warp) kept the L1 at 89% of its throughput (Nsight Compute, H100, gate/up at T = 1) while DRAM
+    ran at 27%.
     Shift + mask pairs: nibble q's magnitude (bits 4q..4q+2) to bits 9..11 and its sign (bit 4q+3)
     to bit 15; nibble q + 4 lands 16 bits higher, in the high half."""
     M: tl.constexpr = 0x0E000E00
     S: tl.constexpr = -0x7FFF8000  # 0x80008000 as an int32
+    pairs = tl.load(xb[:, :, :, None] + tl.arange(0, 4)[None, None, None, :], mask=kmask[:, :, :, None], other=0)
+    p02, p13 = tl.split(tl.reshape(pairs, (pairs.shape[0], pairs.shape[1], pairs.shape[2], 2, 2)))
+    p0, p2 = tl.split(p02)  # pair q holds columns 2q (low half) and 2q + 1
+    p1, p3 = tl.split(p13)
     # One multiply-add chain (written so: fp adds are not reassociated, a*b + c*d costs an extra add).
     h = ((w << 9) & M) | ((w << 12) & S)
-    part = _half_lo(h) * _xcol(xb, 0, kmask)
-    part = part + _half_hi(h) * _xcol(xb, 4, kmask)
+    part = _half_lo(h) * _bf16_lo(p0)
+    part = part + _half_hi(h) * _bf16_lo(p2)
     h = ((w << 5) & M) | ((w << 8) & S)
-    part = part + _half_lo(h) * _xcol(xb, 1, kmask)
-    part = part + _half_hi(h) * _xcol(xb, 5, kmask)
+    part = part + _half_lo(h) * _bf16_hi(p0)
+    part = part + _half_hi(h) * _bf16_hi(p2)
     h = ((w << 1) & M) | ((w << 4) & S)
-    part = part + _half_lo(h) * _xcol(xb, 2, kmask)
-    part = part + _half_hi(h) * _xcol(xb, 6, kmask)
+    part = part + _half_lo(h) * _bf16_lo(p1)
+    part = part + _half_hi(h) * _bf16_lo(p3)
     h = ((w >> 3) & M) | (w & S)
-    part = part + _half_lo(h) * _xcol(xb, 3, kmask)
-    part = part + _half_hi(h) * _xcol(xb, 7, kmask)
+    part = part + _half_lo(h) * _bf16_hi(p1)
+    part = part + _half_hi(h) * _bf16_hi(p3)
     return part
 
 
@@ -200,7 +217,8 @@ def _mxfp4_gemv_gate_up_kernel(
         PAIRS_P2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """act[pair, n] for the BLOCK_N gate rows n (and up rows I + n) of one expert, for each pair it leads.
 
-    w_ptr: w13 as int32 words [E, 2I, H/8] (s_we, s_wn in words); s_ptr: scales [E, 2I, H/32]."""
+    x_ptr: hidden as int32 bf16 pairs [T, H/2] (s_xt in pairs); w_ptr: w13 as int32 words [E, 2I, H/8]
+    (s_we, s_wn in words); s_ptr: scales [E, 2I, H/32]."""
     pid_n = tl.program_id(0)
     p = tl.program_id(1)
     e, valid, lead, rank, n_rows, match, ranks, offs = _route(ids_ptr, p, num_pairs, topk, E, s_it, s_ik, ROWS,
@@ -266,7 +284,7 @@ def _mxfp4_gemv_gate_up_kernel(
         sm = n_mask[:, None] & (gi < kw_total // 4)[None, :]
         sg_hi, sg_lo = _scale_pair(tl.load(sg_rows + gi[None, :], mask=sm, other=0), SCALE_F32)
         su_hi, su_lo = _scale_pair(tl.load(su_rows + gi[None, :], mask=sm, other=0), SCALE_F32)
-        xo = 8 * kw
+        xo = 4 * kw  # x as int32 pairs
         g0, u0 = _gu_row(g0, u0, wg, wu, x0 + xo, kmask, sg_hi, sg_lo, su_hi, su_lo, BLOCK_N, G)
         if ROWS > 1:
             if n_rows > 1:
@@ -323,7 +341,8 @@ def _mxfp4_gemv_down_kernel(
     """y[pair, n] = bf16(topk_weight[pair] * act[pair] @ W2[e, n]^T) for the pairs it leads; zeros for a
     pair whose id is outside [0, E).
 
-    w_ptr: w2 as int32 words [E, H, I/8] (s_we, s_wn in words); s_ptr: scales [E, H, I/32]."""
+    act_ptr: act as int32 bf16 pairs [pairs, I/2] (s_at in pairs); w_ptr: w2 as int32 words [E, H, I/8]
+    (s_we, s_wn in words); s_ptr: scales [E, H, I/32]."""
     pid_n = tl.program_id(0)
     p = tl.program_id(1)
     e, valid, lead, rank, n_rows, match, ranks, offs = _route(ids_ptr, p, num_pairs, topk, E, s_it, s_ik, ROWS,
@@ -377,7 +396,7 @@ def _mxfp4_gemv_down_kernel(
         gi = k0 // 4 + offs_g
         s_hi, s_lo = _scale_pair(tl.load(s_rows + gi[None, :], mask=n_mask[:, None] & (gi < kw_total // 4)[None, :],
                                          other=0), SCALE_F32)
-        xo = 8 * kw
+        xo = 4 * kw  # x as int32 pairs
         c0 = _group_mac(c0, w, a0 + xo, kmask, s_hi, s_lo, BLOCK_N, G)
         if ROWS > 1:
             if n_rows > 1:
@@ -469,18 +488,25 @@ def mxfp4_moe_gemv(hidden: torch.Tensor, w13w: torch.Tensor, s13: torch.Tensor, 
     pairs_p2 = triton.next_power_of_2(num_pairs)
     tw = topk_weights.to(torch.float32).reshape(-1).contiguous()
     act = torch.empty(num_pairs, i, dtype=torch.bfloat16, device=dev)
+    # The kernels read activations as int32 bf16 pairs (16 bytes per weight word); a view needs an even
+    # row stride and offset, which a contiguous copy gives any other layout.
+    try:
+        xpairs = hidden.view(torch.int32)
+    except RuntimeError:
+        xpairs = hidden.contiguous().view(torch.int32)
     y = torch.empty(num_pairs, h, dtype=torch.bfloat16, device=dev)
     limit = float(swiglu_limit) if swiglu_limit else 0.0
     _mxfp4_gemv_gate_up_kernel[(triton.cdiv(i, cfg.gu_block_n), num_pairs)](
-        hidden, w13w, s13, act, topk_ids, num_pairs, topk, e, h, i, limit,
-        hidden.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13w.stride(0), w13w.stride(1),
+        xpairs, w13w, s13, act, topk_ids, num_pairs, topk, e, h, i, limit,
+        xpairs.stride(0), topk_ids.stride(0), topk_ids.stride(1), w13w.stride(0), w13w.stride(1),
         s13.stride(0), s13.stride(1), act.stride(0),
         CLAMP=bool(swiglu_limit), SCALE_F32=scale_f32, EMULATE_BF16=emulate, ROWS=rows, PAIRS_P2=pairs_p2,
         BLOCK_N=cfg.gu_block_n, BLOCK_K=min(cfg.gu_block_k, triton.next_power_of_2(h)),
         num_warps=cfg.gu_warps, num_stages=1)
+    apairs = act.view(torch.int32)
     _mxfp4_gemv_down_kernel[(triton.cdiv(h, cfg.dn_block_n), num_pairs)](
-        act, w2w, s2, y, tw, topk_ids, num_pairs, topk, e, h, i,
-        act.stride(0), topk_ids.stride(0), topk_ids.stride(1), w2w.stride(0), w2w.stride(1),
+        apairs, w2w, s2, y, tw, topk_ids, num_pairs, topk, e, h, i,
+        apairs.stride(0), topk_ids.stride(0), topk_ids.stride(1), w2w.stride(0), w2w.stride(1),
         s2.stride(0), s2.stride(1), y.stride(0),
         SCALE_F32=scale_f32, EMULATE_BF16=emulate, ROWS=rows, PAIRS_P2=pairs_p2,
         BLOCK_N=cfg.dn_block_n, BLOCK_K=min(cfg.dn_block_k, triton.next_power_of_2(i)),
