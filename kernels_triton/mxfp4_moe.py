@@ -391,8 +391,8 @@ def mxfp4_moe(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
         if config is not None:
             raise ValueError("mxfp4_moe: GemvMoeConfig needs w13/w2 viewable as int32 words (4-byte aligned strides)")
     y = torch.empty(numel, h, dtype=torch.bfloat16, device=hidden.device)
-    mxfp4_moe_slots(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights, y, swiglu_limit,
-                    config or pick_config(numel, e), zero_invalid=True)
+    _dot_slots(hidden, w13, s13, w2, s2, s13_f32, topk_ids, topk_weights, y, swiglu_limit,
+               config or pick_config(numel, e), True)
     sum_topk(y.view(t, topk, h), out, routed_scaling_factor, _interpreting())
     return out
 
@@ -411,13 +411,20 @@ def mxfp4_moe_slots(hidden: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Te
     e, h, i = _check(hidden, w13, w13_scale, w2, w2_scale, topk_ids, topk_weights)
     _require_triton_device(hidden)
     s13, s2, s13_f32 = _scale_views(w13_scale, w2_scale)
-    t, topk = topk_ids.shape
-    numel = t * topk
+    numel = topk_ids.numel()
     if tuple(y.shape) != (numel, h) or y.dtype != torch.bfloat16 or not y.is_contiguous():
         raise ValueError(f"mxfp4_moe: y must be contiguous bf16 [{numel}, {h}], not {y.dtype} {tuple(y.shape)}")
-    if numel == 0:
-        return
-    cfg = config
+    if numel:
+        _dot_slots(hidden, w13, s13, w2, s2, s13_f32, topk_ids, topk_weights, y, swiglu_limit, config, zero_invalid)
+
+
+def _dot_slots(hidden: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor,
+               s13_f32: bool, topk_ids: torch.Tensor, topk_weights: torch.Tensor, y: torch.Tensor,
+               swiglu_limit: float | None, cfg: MoeConfig, zero_invalid: bool) -> None:
+    """mxfp4_moe_slots' launches on inputs already checked (scales as _scale_views gives them)."""
+    e, h, i = w13.shape[0], hidden.shape[1], w13.shape[1] // 2
+    t, topk = topk_ids.shape
+    numel = t * topk
     if cfg.block_k % MXFP4_GROUP or cfg.block_m < 16 or cfg.block_n < 16:
         raise ValueError(f"mxfp4_moe: bad config {cfg} (block_k a multiple of 32, block_m/n >= 16)")
     bm = cfg.block_m
