@@ -26,13 +26,11 @@ read ahead into pinned staging) is not decided here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from kernels_triton.mxfp4_moe import MoeConfig, mxfp4_moe_slots, pick_config, sum_topk
-from winport.hybrid.hot_swap import ExpertWeights
 
 
 @dataclass(frozen=True)
@@ -64,30 +62,11 @@ class HostExperts:
 
     def expert_bytes(self) -> int:
         """Bytes one expert's codes and scales take (what a group copies per expert)."""
-        return sum(t[0].numel() for t in (self.w13, self.w13_scale, self.w2, self.w2_scale))
+        return sum(t[0].numel() for t in self.fields())
 
-    @classmethod
-    def gather(cls, read: Callable[[int], ExpertWeights], num_experts: int, pin: bool) -> HostExperts:
-        """Every expert read through `read` (e.g. winport.hybrid.expert_source), gate rows over up
-        rows as SGLang's loader stacks them, into one host tensor per field (pinned if `pin`)."""
-        first = read(0)
-        i, hh = first.w1.shape
-        h = 2 * hh
-
-        def alloc(*shape: int) -> torch.Tensor:
-            return torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
-
-        out = cls(alloc(num_experts, 2 * i, hh), alloc(num_experts, 2 * i, h // 32),
-                  alloc(num_experts, h, i // 2), alloc(num_experts, h, i // 32))
-        for e in range(num_experts):
-            w = first if e == 0 else read(e)
-            out.w13[e, :i].copy_(w.w1.view(torch.uint8))
-            out.w13[e, i:].copy_(w.w3.view(torch.uint8))
-            out.w13_scale[e, :i].copy_(w.w1_scale.view(torch.uint8))
-            out.w13_scale[e, i:].copy_(w.w3_scale.view(torch.uint8))
-            out.w2[e].copy_(w.w2.view(torch.uint8))
-            out.w2_scale[e].copy_(w.w2_scale.view(torch.uint8))
-        return out
+    def fields(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(w13, w13_scale, w2, w2_scale): the order the kernel takes them in."""
+        return self.w13, self.w13_scale, self.w2, self.w2_scale
 
 
 class _Buffer:
@@ -95,7 +74,7 @@ class _Buffer:
 
     def __init__(self, host: HostExperts, group: int, device: torch.device) -> None:
         self.fields = [torch.empty((group, *t.shape[1:]), dtype=torch.uint8, device=device)
-                       for t in (host.w13, host.w13_scale, host.w2, host.w2_scale)]
+                       for t in host.fields()]
         cuda = device.type == "cuda"
         self.ready = torch.cuda.Event() if cuda else None  # copy done (recorded on the copy stream)
         self.free = torch.cuda.Event() if cuda else None  # last compute reading it done
@@ -120,7 +99,7 @@ _staging: dict[tuple, Staging] = {}
 def shared_staging(host: HostExperts, group: int, device: torch.device | str) -> Staging:
     """The process's Staging for `device`, `group` and `host`'s expert shapes (made on first use)."""
     device = torch.device(device)
-    key = (str(device), group, tuple(tuple(t.shape[1:]) for t in (host.w13, host.w13_scale, host.w2, host.w2_scale)))
+    key = (str(device), group, tuple(tuple(t.shape[1:]) for t in host.fields()))
     if key not in _staging:
         _staging[key] = Staging(host, group, device)
     return _staging[key]
@@ -165,18 +144,21 @@ class ExpertStreamer:
         cfg = self.config(t * k)
         ids = cpu_ids.to(torch.int64)
         valid = (ids >= 0) & (ids < e_all)
+        routed = torch.unique(ids[valid])
         # The host needs the list of experts to copy: one sync per layer, in eager prefill only.
-        experts = torch.unique(ids[valid]).tolist()
-        lut = torch.full((e_all + 1,), -1, dtype=torch.int32, device=x.device)  # index e_all: invalid ids
+        experts = routed.tolist()
+        # Each pair's group number and its expert's place in that group (invalid ids: group -1).
+        rank = torch.arange(len(experts), device=x.device)
+        group_of = torch.full((e_all + 1,), -1, dtype=torch.int64, device=x.device)  # index e_all: invalid ids
+        group_of[routed] = rank // self.group
+        local_of = torch.full((e_all + 1,), -1, dtype=torch.int32, device=x.device)
+        local_of[routed] = (rank % self.group).to(torch.int32)
         idx = torch.where(valid, ids, e_all)
+        pair_group, pair_local = group_of[idx], local_of[idx]
         compute = torch.cuda.current_stream(self.device) if self.copy_stream is not None else None
         for n, g0 in enumerate(range(0, len(experts), self.group)):
-            group = experts[g0:g0 + self.group]
-            buf = self.copy_group(n, group)
-            local_lut = lut.clone()
-            local_lut[torch.tensor(group, dtype=torch.int64, device=x.device)] = torch.arange(
-                len(group), dtype=torch.int32, device=x.device)
-            local = local_lut[idx]
+            buf = self.copy_group(n, experts[g0:g0 + self.group])
+            local = torch.where(pair_group == n, pair_local, -1)
             mxfp4_moe_slots(x, *buf.fields, local, topk_weights, y, self.swiglu_limit, cfg, zero_invalid=False)
             if buf.free is not None:
                 buf.free.record(compute)
@@ -189,7 +171,7 @@ class ExpertStreamer:
         reader, with the current (compute) stream made to wait for the copy; synchronous without CUDA.
         The caller records the buffer's `free` event once its reads are enqueued."""
         buf = self.buffers[n % 2]
-        hosts = (self.host.w13, self.host.w13_scale, self.host.w2, self.host.w2_scale)
+        hosts = self.host.fields()
         if self.copy_stream is None:
             for dst, src in zip(buf.fields, hosts, strict=True):
                 for j, e in enumerate(group):
